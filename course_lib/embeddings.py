@@ -77,8 +77,12 @@ class GPTEmbedding(nn.Module):
         if token_ids.numel() == 0:
             raise ValueError(f"token_ids is empty, shape {tuple(token_ids.shape)}; "
                              "pass at least one sequence of at least one token")
+        if token_ids.device != self.tok_emb.weight.device:
+            raise ValueError(f"token_ids are on {token_ids.device} but the embedding weights are on "
+                             f"{self.tok_emb.weight.device}; move them with token_ids.to(...)")
         if not isinstance(start_pos, int) or isinstance(start_pos, bool):
-            raise TypeError(f"start_pos must be an int, got {start_pos!r} ({type(start_pos).__name__})")
+            raise TypeError(f"start_pos must be an int, got {start_pos!r} ({type(start_pos).__name__}); "
+                            "pass a Python int, e.g. int(start_pos)")
         if start_pos < 0:
             raise ValueError(f"start_pos must be >= 0, got {start_pos}")
         vocab_size, context_length = self.tok_emb.num_embeddings, self.pos_emb.num_embeddings

@@ -171,7 +171,7 @@ def test_gpt_embedding_rejects_a_dict_config():
      r"32 tokens and restart at start_pos 0 \(reset the KV cache\)"),
     (torch.zeros(1, 1, dtype=torch.long), {"start_pos": -1}, ValueError, "start_pos must be >= 0, got -1"),
     (torch.zeros(1, 1, dtype=torch.long), {"start_pos": 2.0}, TypeError,
-     r"start_pos must be an int, got 2.0 \(float\)"),
+     r"start_pos must be an int, got 2.0 \(float\); pass a Python int, e.g. int\(start_pos\)"),
     (torch.zeros(1, 1, dtype=torch.long), {"start_pos": torch.tensor(2)}, TypeError,
      r"start_pos must be an int, got tensor\(2\) \(Tensor\)"),
     (torch.tensor([1, 2, 3]), {}, ValueError,
@@ -189,6 +189,12 @@ def test_gpt_embedding_rejects_a_dict_config():
 def test_gpt_embedding_rejects_bad_input(layer, ids, kwargs, error, message):
     with pytest.raises(error, match=message):
         layer(ids, **kwargs)
+
+
+def test_gpt_embedding_rejects_ids_on_another_device(layer):
+    with pytest.raises(ValueError, match="token_ids are on cpu but the embedding weights are on meta; "
+                                         r"move them with token_ids.to\(...\)"):
+        layer.to("meta")(torch.tensor([[1, 2]]))
 
 
 def test_errors_scale_to_gpt2_sizes():
