@@ -1,0 +1,116 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.config import GPTConfig
+from course_lib.feedforward import GELU, FeedForward
+
+SMALL = GPTConfig(vocab_size=100, context_length=16, emb_dim=32, n_heads=4, n_layers=2)
+
+
+def wide_range(dtype: torch.dtype) -> torch.Tensor:
+    """Dense values around zero, where the curve bends, plus very large ones where x**3 overflows."""
+    extremes = torch.tensor([1e2, 1e4, 1e8, 1e13, 1e30, 3e38], dtype=torch.float64)
+    if dtype == torch.float64:
+        extremes = torch.cat([extremes, torch.tensor([1e100, 1e300], dtype=torch.float64)])
+    return torch.cat([torch.linspace(-20, 20, 40001, dtype=dtype), extremes.to(dtype), -extremes.to(dtype)])
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
+def test_gelu_equals_torch_tanh_gelu(dtype, tol):
+    x = wide_range(dtype)
+    got, expected = GELU()(x), F.gelu(x, approximate="tanh")
+    assert got.dtype == dtype and got.shape == x.shape
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, expected, atol=tol, rtol=tol), (got - expected).abs().max()
+
+
+def test_gelu_is_the_tanh_form_not_the_exact_one():
+    x = torch.linspace(-6, 6, 1201, dtype=torch.float64)
+    gap = (GELU()(x) - F.gelu(x)).abs().max()
+    assert 4e-4 < gap < 5e-4  # the tanh approximation's known error, not zero
+
+
+def test_gelu_keeps_shape_and_passes_gradients():
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    y = GELU()(x)
+    assert y.shape == (2, 3, 4)
+    y.sum().backward()
+    expected = torch.autograd.grad(F.gelu(x, approximate="tanh").sum(), x)[0]
+    assert torch.allclose(x.grad, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("x", [torch.arange(5), [0.0, 1.0]])
+def test_gelu_rejects_non_float_input(x):
+    with pytest.raises(TypeError, match="GELU expects a floating-point tensor"):
+        GELU()(x)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 32), (1, 1, 32), (32,), (3, 2, 4, 32)])
+def test_feedforward_preserves_shape(shape):
+    ffn = FeedForward(SMALL)
+    x = torch.randn(shape)
+    assert ffn(x).shape == shape
+
+
+def test_feedforward_is_linear_gelu_linear_with_fixed_names():
+    ffn = FeedForward(SMALL)
+    d = SMALL.emb_dim
+    assert [name for name, _ in ffn.named_parameters()] == [
+        "layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"]
+    assert ffn.layers[0].weight.shape == (4 * d, d) and ffn.layers[2].weight.shape == (d, 4 * d)
+    assert isinstance(ffn.layers[1], GELU)
+    x = torch.randn(2, 3, d)
+    manual = F.linear(F.gelu(F.linear(x, ffn.layers[0].weight, ffn.layers[0].bias), approximate="tanh"),
+                      ffn.layers[2].weight, ffn.layers[2].bias)
+    assert torch.allclose(ffn(x), manual, atol=1e-5)
+
+
+@pytest.mark.parametrize("emb_dim", [32, 768])
+def test_feedforward_parameter_count(emb_dim):
+    ffn = FeedForward(GPTConfig(emb_dim=emb_dim, n_heads=4))
+    assert sum(p.numel() for p in ffn.parameters()) == 8 * emb_dim**2 + 5 * emb_dim
+
+
+def test_gpt2_small_feedforward_has_4_722_432_parameters():
+    ffn = FeedForward(GPTConfig())
+    assert sum(p.numel() for p in ffn.parameters()) == 4_722_432
+
+
+def test_feedforward_works_token_by_token():
+    ffn = FeedForward(SMALL)
+    x = torch.randn(2, 6, SMALL.emb_dim)
+    with torch.no_grad():
+        assert torch.allclose(ffn(x)[:, 4], ffn(x[:, 4:5])[:, 0], atol=1e-6)
+
+
+def test_gradient_flows_to_every_parameter_and_the_input():
+    ffn = FeedForward(SMALL)
+    x = torch.randn(2, 5, SMALL.emb_dim, requires_grad=True)
+    ffn(x).pow(2).sum().backward()
+    for name, p in ffn.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("cfg", [{"emb_dim": 32}, 32, None])
+def test_feedforward_needs_a_gptconfig(cfg):
+    with pytest.raises(TypeError, match=f"cfg must be a GPTConfig, got {type(cfg).__name__}"):
+        FeedForward(cfg)
+
+
+def test_feedforward_rejects_a_wrong_width():
+    with pytest.raises(ValueError, match=r"built for emb_dim 32 but got shape \(2, 5, 64\)"):
+        FeedForward(SMALL)(torch.randn(2, 5, 64))
+
+
+def test_feedforward_rejects_a_scalar():
+    with pytest.raises(ValueError, match=r"built for emb_dim 32 but got shape \(\)"):
+        FeedForward(SMALL)(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("x", [torch.zeros(2, 5, 32, dtype=torch.long), [[0.0] * 32]])
+def test_feedforward_rejects_non_float_input(x):
+    with pytest.raises(TypeError, match="FeedForward expects a floating-point tensor"):
+        FeedForward(SMALL)(x)
