@@ -27,10 +27,10 @@ class GPTConfig:
                              f"each head gets emb_dim / n_heads dimensions, so pick n_heads among the "
                              f"divisors of {self.emb_dim}")
         if not isinstance(self.drop_rate, (int, float)) or isinstance(self.drop_rate, bool):
-            raise TypeError(f"drop_rate must be a float, got {self.drop_rate!r}")
+            raise TypeError(f"drop_rate must be a float, got {self.drop_rate!r} ({type(self.drop_rate).__name__})")
         if not 0.0 <= self.drop_rate < 1.0:
             raise ValueError(f"drop_rate must be in [0, 1), got {self.drop_rate}: it is the probability "
-                             "of zeroing an activation, and 1 would zero them all")
+                             "of zeroing an activation (0 turns dropout off, 1 would zero them all)")
         if not isinstance(self.qkv_bias, bool):
             raise TypeError(f"qkv_bias must be True or False, got {self.qkv_bias!r}")
 
