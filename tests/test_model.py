@@ -1,0 +1,170 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.attention import KVCache
+from course_lib.config import GPT2_CONFIGS, GPTConfig
+from course_lib.model import GPTModel, trace_shapes
+
+SMALL = GPTConfig(vocab_size=500, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
+
+
+def small_model(tie_weights=False, seed=0, cfg=SMALL):
+    torch.manual_seed(seed)
+    return GPTModel(cfg, tie_weights=tie_weights).eval()
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())  # parameters() lists a shared Parameter once
+
+
+def test_gpt2_parameter_counts_untied_and_tied():
+    with torch.device("meta"):
+        untied = GPTModel(GPT2_CONFIGS["gpt2"])
+        tied = GPTModel(GPT2_CONFIGS["gpt2"], tie_weights=True)
+    assert count(untied) == 163_037_184
+    assert count(tied) == 124_439_808
+    assert count(untied) - count(tied) == 50257 * 768
+
+
+def test_tied_weights_share_storage_and_stay_equal_after_a_step():
+    model = small_model(tie_weights=True).train()
+    assert model.out_head.weight is model.embedding.tok_emb.weight
+    ids = torch.randint(0, SMALL.vocab_size, (2, 8))
+    loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    with torch.no_grad():
+        torch.optim.SGD(model.parameters(), lr=0.5).step()
+    assert torch.equal(model.out_head.weight, model.embedding.tok_emb.weight)
+    assert model.out_head.weight.data_ptr() == model.embedding.tok_emb.weight.data_ptr()
+    assert "out_head.weight" in model.state_dict()  # state_dict keeps both names
+
+
+def test_untied_weights_are_separate_and_drift_apart():
+    model = small_model()
+    assert model.out_head.weight is not model.embedding.tok_emb.weight
+    with torch.no_grad():
+        model.out_head.weight.copy_(model.embedding.tok_emb.weight)
+    ids = torch.randint(0, SMALL.vocab_size, (2, 8))
+    F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    with torch.no_grad():
+        torch.optim.SGD(model.parameters(), lr=0.5).step()
+    assert not torch.equal(model.out_head.weight, model.embedding.tok_emb.weight)
+
+
+def test_logits_shape_and_last_only_equals_the_last_row():
+    model = small_model()
+    ids = torch.randint(0, SMALL.vocab_size, (3, 10))
+    logits = model(ids)
+    assert logits.shape == (3, 10, SMALL.vocab_size)
+    last = model(ids, last_only=True)
+    assert last.shape == (3, 1, SMALL.vocab_size)
+    assert torch.allclose(last, logits[:, -1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("tie_weights", [False, True])
+def test_kv_caches_token_by_token_equal_the_full_pass(tie_weights):
+    model = small_model(tie_weights)
+    ids = torch.randint(0, SMALL.vocab_size, (2, SMALL.context_length))
+    full = model(ids)
+    caches = model.new_kv_caches()
+    assert len(caches) == SMALL.n_layers and all(isinstance(c, KVCache) and len(c) == 0 for c in caches)
+    steps = [model(ids[:, :5], caches)]
+    steps += [model(ids[:, i:i + 1], caches) for i in range(5, SMALL.context_length)]
+    assert [len(c) for c in caches] == [SMALL.context_length] * SMALL.n_layers
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    with pytest.raises(ValueError, match=r"start_pos 16 \+ 1 tokens need positions 16..16 but context_length is 16"):
+        model(ids[:, :1], caches)
+
+
+def test_loss_at_init_is_close_to_ln_vocab_size():
+    cfg = GPTConfig(vocab_size=50257, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
+    model = small_model(cfg=cfg)
+    ids = torch.randint(0, cfg.vocab_size, (4, 64))
+    with torch.no_grad():
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    assert abs(loss.item() - math.log(cfg.vocab_size)) < 0.1
+
+
+def test_gpt2_initialisation_statistics():
+    cfg = GPTConfig(vocab_size=500, context_length=16, emb_dim=256, n_heads=4, n_layers=8, drop_rate=0.0)
+    model = small_model(cfg=cfg)
+    block = model.trf_blocks[3]
+    assert abs(block.att.W_query.weight.std().item() - 0.02) < 0.002
+    assert abs(block.ff.layers[0].weight.std().item() - 0.02) < 0.002
+    residual = 0.02 / math.sqrt(2 * cfg.n_layers)
+    assert abs(block.att.out_proj.weight.std().item() - residual) < 0.1 * residual
+    assert abs(block.ff.layers[2].weight.std().item() - residual) < 0.1 * residual
+    assert abs(model.embedding.tok_emb.weight.std().item() - 0.02) < 0.002
+    assert torch.equal(block.att.W_query.bias, torch.zeros(256))
+    assert torch.equal(block.ff.layers[0].bias, torch.zeros(1024))
+    assert torch.equal(model.final_norm.scale, torch.ones(256))
+    assert torch.equal(model.final_norm.shift, torch.zeros(256))
+
+
+def test_trace_shapes_lists_every_stage_in_call_order_and_removes_its_hooks():
+    model = small_model()
+    ids = torch.randint(0, SMALL.vocab_size, (2, 4))
+    top = trace_shapes(model, ids, max_depth=2)
+    assert top == [("embedding", (2, 4, 32)), ("embedding.tok_emb", (2, 4, 32)),
+                   ("embedding.pos_emb", (4, 32)), ("embedding.drop_emb", (2, 4, 32)),
+                   ("trf_blocks.0", (2, 4, 32)), ("trf_blocks.1", (2, 4, 32)),
+                   ("final_norm", (2, 4, 32)), ("out_head", (2, 4, SMALL.vocab_size))]
+    assert [name for name, _ in trace_shapes(model, ids, max_depth=1)] == ["embedding", "final_norm", "out_head"]
+    every = trace_shapes(model, ids)
+    names = [name for name, _ in every]
+    assert names.count("trf_blocks.1.drop_shortcut") == 2  # one dropout module, used after each sub-layer
+    assert ("trf_blocks.0.ff.layers.0", (2, 4, 128)) in every
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    with pytest.raises(ValueError):
+        trace_shapes(model, torch.tensor([[SMALL.vocab_size]]))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_trace_shapes_rejects_bad_arguments():
+    model = small_model()
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got str"):
+        trace_shapes("gpt2", ids)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=r"max_depth must be None \(every level\) or an int >= 1"):
+            trace_shapes(model, ids, max_depth=bad)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(TypeError, match=r"cfg must be a GPTConfig, got dict"):
+        GPTModel({"emb_dim": 768})
+    with pytest.raises(TypeError, match=r"tie_weights must be True or False, got 'yes'"):
+        GPTModel(SMALL, tie_weights="yes")
+    with pytest.raises(TypeError, match=r"tie_weights must be True or False, got 1"):
+        GPTModel(SMALL, tie_weights=1)
+
+
+def test_bad_kv_caches_and_last_only():
+    model = small_model()
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"kv_caches must be a list of KVCache \(one per block\) or None, got KVCache"):
+        model(ids, KVCache())
+    with pytest.raises(ValueError, match=r"kv_caches has 1 caches but the model has 2 blocks"):
+        model(ids, [KVCache()])
+    with pytest.raises(TypeError, match=r"kv_caches\[1\] must be a KVCache, got NoneType"):
+        model(ids, [KVCache(), None])
+    caches = model.new_kv_caches()
+    model(ids, caches)
+    caches[1] = KVCache()
+    with pytest.raises(ValueError, match=r"kv_caches hold different numbers of tokens \[0, 3\]"):
+        model(ids, caches)
+    with pytest.raises(TypeError, match=r"last_only must be True or False, got 'no'"):
+        model(ids, last_only="no")
+
+
+def test_bad_token_ids_are_caught_by_the_embedding():
+    model = small_model()
+    with pytest.raises(ValueError, match=r"token id 500 >= vocab_size 500"):
+        model(torch.tensor([[1, 500]]))
+    with pytest.raises(ValueError, match=r"token_ids must have shape \(batch, tokens\)"):
+        model(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"crop the input to the last 16 tokens"):
+        model(torch.zeros(1, 17, dtype=torch.long))
