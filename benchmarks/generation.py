@@ -1,0 +1,88 @@
+"""Greedy generation with a KV cache: course_lib's generate vs Hugging Face's GPT2LMHeadModel.generate on the
+124M shape (random weights, the same in both), 200 new tokens from a short prompt, outputs asserted identical;
+plus the course's own speedup of the KV cache over re-reading the whole sequence every step.
+
+    python benchmarks/generation.py            # a few minutes on 2 cores
+    python benchmarks/generation.py --quick    # smoke run
+"""
+
+import time
+
+import torch
+
+from common import (Run, build_pair, fmt_s, median, paired_ratio, parse_args, print_table, summarize,
+                    time_interleaved)
+from course_lib.generation import generate
+from course_lib.tokenization import gpt2_tokenizer
+
+GOAL_VS_HF = 1.3  # course tokens/s over HF tokens/s, at least
+GOAL_CACHE = 6.0  # course cached over uncached speed at 200 new tokens, at least
+PROMPT = "Every effort moves you"
+
+
+def main():
+    args = parse_args(__doc__)
+    run = Run("generation", args)
+    if args.quick:
+        shape, new_tokens, repeats = (64, 2, 4, 256), 20, args.repeats or 2
+    else:
+        shape, new_tokens, repeats = (768, 12, 12, 1024), 200, args.repeats or 3
+    emb_dim, n_layers, n_heads, context_length = shape
+    course, hf = build_pair(emb_dim, n_layers, n_heads, context_length)
+    prompt = torch.tensor([gpt2_tokenizer().encode(PROMPT)])  # (1, prompt_tokens)
+
+    def course_cached():
+        return generate(course, prompt, max_new_tokens=new_tokens)  # greedy, use_cache=True
+
+    def course_uncached():
+        return generate(course, prompt, max_new_tokens=new_tokens, use_cache=False)
+
+    def hf_cached():
+        with torch.no_grad():
+            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, do_sample=False,
+                               max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                               pad_token_id=hf.config.eos_token_id)
+
+    outputs = {"course": course_cached(), "hf": hf_cached()}  # also the warm-up
+    assert outputs["course"].shape == (1, prompt.shape[1] + new_tokens), outputs["course"].shape
+    if not torch.equal(outputs["course"], outputs["hf"]):
+        differ = (outputs["course"] != outputs["hf"]).nonzero()
+        raise AssertionError(f"course and HF greedy outputs differ from position {differ[0, 1].item()}")
+    times = time_interleaved({"course": course_cached, "hf": hf_cached}, repeats=repeats, warmup=0)
+    start = time.perf_counter()  # once: it is the slow one
+    assert torch.equal(course_uncached(), outputs["course"]), "the KV cache changed the greedy tokens"
+    uncached = [time.perf_counter() - start]
+
+    tps = {k: new_tokens / median(v) for k, v in times.items()}
+    tps["course_uncached"] = new_tokens / median(uncached)
+    vs_hf = tps["course"] / tps["hf"]
+    cache_speedup = tps["course"] / tps["course_uncached"]
+    rows = [
+        ["course generate, KV cache", fmt_s(median(times["course"])), f"{tps['course']:.1f}", ""],
+        [f"HF generate, use_cache=True ({hf.config._attn_implementation})", fmt_s(median(times["hf"])),
+         f"{tps['hf']:.1f}", ""],
+        ["course generate, use_cache=False", fmt_s(median(uncached)), f"{tps['course_uncached']:.1f}", ""],
+        ["course / HF tokens/s", "", f"{vs_hf:.2f}x", f">= {GOAL_VS_HF}: {'yes' if vs_hf >= GOAL_VS_HF else 'NO'}"],
+        ["course cached / uncached", "", f"{cache_speedup:.2f}x",
+         f">= {GOAL_CACHE}: {'yes' if cache_speedup >= GOAL_CACHE else 'NO'}"],
+    ]
+    print_table(["variant", "time", "tokens/s", "goal"], rows,
+                title=f"greedy generation, emb {emb_dim} / {n_layers} layers, prompt {prompt.shape[1]} tokens, "
+                      f"{new_tokens} new tokens, batch 1, float32; medians of {repeats} interleaved runs "
+                      "(uncached: 1 run); outputs identical")
+    run.finish({
+        "emb_dim": emb_dim, "n_layers": n_layers, "n_heads": n_heads, "context_length": context_length,
+        "prompt": PROMPT, "prompt_tokens": prompt.shape[1], "new_tokens": new_tokens, "repeats": repeats,
+        "hf_attn_implementation": hf.config._attn_implementation, "outputs_identical": True,
+        "course": summarize(times["course"]), "hf": summarize(times["hf"]),
+        "course_uncached": summarize(uncached), "tokens_per_s": tps,
+        "ratio_course_over_hf_tokens_per_s": vs_hf,
+        "paired_ratio": paired_ratio(times["hf"], times["course"]),
+        "cache_speedup": cache_speedup,
+        "goal_vs_hf_at_least": GOAL_VS_HF, "goal_vs_hf_met": vs_hf >= GOAL_VS_HF,
+        "goal_cache_speedup_at_least": GOAL_CACHE, "goal_cache_speedup_met": cache_speedup >= GOAL_CACHE,
+    })
+
+
+if __name__ == "__main__":
+    main()
