@@ -76,6 +76,27 @@ def test_scale_is_one_over_sqrt_head_dim():
     assert close(fused(x)[0], expected)
 
 
+@pytest.mark.parametrize("cls", VARIANTS + (CausalAttention,))
+@pytest.mark.parametrize("training", [False, True])
+def test_one_token_and_batch_of_one_give_no_nan(cls, training):
+    torch.manual_seed(0)
+    module = build(cls, dropout=0.5).train(training)
+    for shape in [(1, 1, D_IN), (3, 1, D_IN), (1, 2, D_IN)]:
+        out = module(torch.randn(shape))
+        assert out.shape == shape[:2] + (D_OUT,) and torch.isfinite(out).all()
+    if cls is MultiHeadAttention:
+        out, weights = module(torch.randn(1, 1, D_IN), return_weights=True)
+        assert torch.isfinite(out).all() and torch.equal(weights, torch.ones(1, HEADS, 1, 1))
+
+
+def test_float64_layer_takes_float64_input():
+    fused, _, _ = same_weights()
+    x = torch.randn(2, 5, D_IN)
+    as_double = fused.double()(x.double())
+    assert as_double.dtype == torch.float64 and fused.future_mask.dtype == torch.bool
+    assert torch.allclose(as_double, same_weights()[0](x).double(), atol=1e-5)
+
+
 # --- causality -------------------------------------------------------------------------------------------
 
 def jacobian_over_positions(module, tokens=6, **kwargs):
