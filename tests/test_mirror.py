@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_EXP = re.compile(r"^#\|\s*default_exp\s+(\w+)\s*$", re.MULTILINE)
 EXPORT = re.compile(r"^#\|\s*export\s*$")
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+# Course infrastructure, not a lesson: the exercise checks grade the learner against every lesson module.
+EXEMPT_MODULES = {"checks"}
 
 
 @dataclass
@@ -202,7 +204,7 @@ def mirror_problems(root: Path) -> list[str]:
                                 if not isinstance(v.node, (ast.Import, ast.ImportFrom))})
 
     for module_path in sorted(package.glob("*.py")):
-        if module_path.stem != "__init__" and module_path.stem not in claimed:
+        if module_path.stem not in {"__init__", *EXEMPT_MODULES} and module_path.stem not in claimed:
             problems.append(f"{rel(module_path, root)}: no notebook has `#| default_exp {module_path.stem}`")
     return problems
 
@@ -260,9 +262,10 @@ def test_checker_rejects_a_redefinition_outside_the_export_cell(tmp_path):
     assert problem.startswith("notebooks/00_demo.ipynb cell 3: defines `area` outside its `#| export` cell")
 
 
-def test_checker_rejects_a_module_without_notebook_and_forbidden_imports(tmp_path):
+def test_checker_rejects_a_module_without_notebook_except_the_checks(tmp_path):
     write_course(tmp_path, CELLS, "import math\n\n\ndef area(r):\n    return math.pi * r**2\n")
     (tmp_path / "course_lib" / "orphan.py").write_text("X = 1\n")
+    (tmp_path / "course_lib" / "checks.py").write_text("def check_area(f):\n    return f(1.0)\n")
     assert mirror_problems(tmp_path) == ["course_lib/orphan.py: no notebook has `#| default_exp orphan`"]
 
 
