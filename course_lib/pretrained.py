@@ -235,9 +235,9 @@ def gpt2_files(path_or_name: str | Path) -> tuple[Path, Path]:
             config_file = hf_hub_download(repo, "config.json")
             weights_file = hf_hub_download(repo, "model.safetensors")
         except OSError as error:  # the Hub's errors (no connection and no cache, HTTP 404, ...) are OSErrors
-            raise OSError(f"could not download {path_or_name!r} ({repo}) from the Hugging Face Hub: {error}. "
-                          "Check the network, or fetch config.json and model.safetensors elsewhere and pass "
-                          "their directory") from error
+            raise OSError(f"could not download {path_or_name!r} ({repo}) from the Hugging Face Hub: check the "
+                          "network, or fetch config.json and model.safetensors elsewhere and pass their "
+                          f"directory. The Hub said: {error}") from error
         return Path(config_file), Path(weights_file)
     if path.exists():
         raise ValueError(f"{path} is a file, not a directory: pass the directory that holds config.json and "

@@ -349,5 +349,6 @@ def test_a_failed_download_says_what_to_do(no_network, monkeypatch):
 
     monkeypatch.setattr(pretrained, "hf_hub_download", offline)
     with pytest.raises(OSError, match=r"^could not download 'gpt2' \(openai-community/gpt2\) from the Hugging "
-                                      r"Face Hub: cannot reach huggingface.co. Check the network"):
+                                      r"Face Hub: check the network, or fetch config.json and model.safetensors "
+                                      r"elsewhere and pass their directory. The Hub said: cannot reach huggingface.co$"):
         load_gpt2("gpt2")

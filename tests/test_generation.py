@@ -1,0 +1,331 @@
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.config import GPTConfig
+from course_lib.generation import (EOS_ID, check_generation_args, check_generator, check_logits,
+                                   check_sampling_args, eval_mode, generate, generate_text_simple,
+                                   sample_next_token, scale_logits, top_k_filter, top_p_filter)
+from course_lib.model import GPTModel
+
+CFG = GPTConfig(vocab_size=97, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.1)
+# A fixed next-token distribution over 8 tokens; most likely first: 3 (0.56), 0 (0.21), 5 (0.13), 2, ...
+EXAMPLE = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.5, 0.0, -0.5])
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPTModel(CFG).eval()
+
+
+def prompts(batch, tokens, seed):
+    return torch.randint(0, CFG.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+# --- the KV cache changes the cost, never the tokens ------------------------------------------------------
+
+@pytest.mark.parametrize("batch, tokens, new", [(1, 1, 15), (2, 3, 13), (3, 8, 8), (1, 15, 1), (2, 16, 0)])
+def test_cache_gives_the_same_tokens_up_to_the_context_limit(model, batch, tokens, new):
+    idx = prompts(batch, tokens, seed=tokens)
+    cached = generate(model, idx, new, use_cache=True)
+    plain = generate(model, idx, new, use_cache=False)
+    assert cached.shape == (batch, tokens + new)
+    assert torch.equal(cached[:, :tokens], idx)
+    assert torch.equal(cached, plain)
+
+
+@pytest.mark.parametrize("context_size", [1, 5, CFG.context_length])
+@pytest.mark.parametrize("tokens, new", [(4, 30), (20, 10)])
+def test_cache_gives_the_same_tokens_past_the_context_with_cropping(model, context_size, tokens, new):
+    idx = prompts(2, tokens, seed=context_size)
+    cached = generate(model, idx, new, context_size=context_size, use_cache=True)
+    plain = generate(model, idx, new, context_size=context_size, use_cache=False)
+    assert cached.shape == (2, tokens + new)
+    assert torch.equal(cached, plain)
+
+
+def test_cache_gives_the_same_samples_with_the_same_seed(model):
+    idx = prompts(2, 3, seed=1)
+    runs = [generate(model, idx, 20, context_size=10, temperature=1.0, top_k=20, use_cache=use_cache,
+                     generator=torch.Generator().manual_seed(5)) for use_cache in (True, False)]
+    assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("context_size, tokens, new", [(CFG.context_length, 4, 12), (6, 4, 20), (1, 2, 5)])
+def test_greedy_generate_equals_generate_text_simple(model, context_size, tokens, new):
+    idx = prompts(3, tokens, seed=7)
+    simple = generate_text_simple(model, idx, new, context_size)
+    assert torch.equal(generate(model, idx, new, context_size=context_size), simple)
+    assert torch.equal(generate(model, idx, new, context_size=context_size, use_cache=False), simple)
+
+
+def test_generate_text_simple_without_cropping_uses_the_whole_context(model):
+    idx = prompts(1, 4, seed=3)
+    assert torch.equal(generate_text_simple(model, idx, 12, None), generate(model, idx, 12))
+
+
+def test_generation_runs_in_eval_mode_and_restores_every_module_mode(model):
+    idx = prompts(2, 3, seed=2)
+    expected = generate(model, idx, 10)
+    model.train()
+    model.trf_blocks[0].eval()  # a mixed state must come back as it was
+    try:
+        assert torch.equal(generate(model, idx, 10), expected)  # dropout was off
+        assert torch.equal(generate_text_simple(model, idx, 10, 8), generate(model, idx, 10, context_size=8))
+        assert model.training and not model.trf_blocks[0].training and model.trf_blocks[1].training
+        assert not model.trf_blocks[0].att.training and model.trf_blocks[1].att.training
+    finally:
+        model.eval()
+
+
+def test_eval_mode_restores_the_mode_after_an_error():
+    layer = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).train()
+    with pytest.raises(RuntimeError, match="inside"):
+        with eval_mode(layer):
+            assert not layer.training and not layer[1].training
+            raise RuntimeError("inside")
+    assert layer.training and layer[1].training
+
+
+def test_generate_computes_no_gradients(model):
+    out = generate(model, prompts(1, 2, seed=0), 3, temperature=1.0)
+    assert not out.requires_grad and out.dtype == torch.long
+
+
+def test_max_new_tokens_zero_returns_the_prompt(model):
+    idx = prompts(2, 5, seed=4)
+    assert torch.equal(generate(model, idx, 0), idx)
+    assert torch.equal(generate_text_simple(model, idx, 0, 5), idx)
+
+
+# --- the sampling pieces ------------------------------------------------------------------------------------
+
+def test_temperature_divides_the_logits_exactly():
+    logits = torch.randn(3, 50)
+    for temperature in (0.1, 0.7, 1, 1.0, 2.5):
+        assert torch.equal(scale_logits(logits, temperature), logits / temperature)
+
+
+def test_temperature_above_one_flattens_and_below_one_sharpens():
+    probs = {t: torch.softmax(scale_logits(EXAMPLE, t), dim=-1) for t in (0.5, 1.0, 2.0)}
+    assert probs[0.5].max() > probs[1.0].max() > probs[2.0].max()
+    for p in probs.values():
+        assert torch.equal(p.argsort(descending=True), EXAMPLE.argsort(descending=True))  # order kept
+
+
+def test_top_k_filter_keeps_exactly_the_k_largest():
+    filtered = top_k_filter(EXAMPLE, 3)
+    kept = torch.isfinite(filtered).nonzero().flatten().tolist()
+    assert kept == [0, 3, 5]
+    assert torch.equal(filtered[kept], EXAMPLE[kept])
+    assert torch.equal(top_k_filter(EXAMPLE, 8), EXAMPLE) and torch.equal(top_k_filter(EXAMPLE, 100), EXAMPLE)
+    ties = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 2.0, 2.0, 2.0]])
+    assert torch.isfinite(top_k_filter(ties, 2)).sum(dim=-1).tolist() == [2, 2]
+
+
+def test_top_p_filter_keeps_the_smallest_set_that_reaches_p():
+    probs = torch.softmax(EXAMPLE, dim=-1)  # cumulative: 0.56, 0.77, 0.89, 0.94, ...
+    for p, expected in ((0.01, [3]), (0.56, [3]), (0.57, [0, 3]), (0.85, [0, 3, 5]), (0.99, None)):
+        kept = torch.isfinite(top_p_filter(EXAMPLE, p)).nonzero().flatten()
+        order = probs.argsort(descending=True)
+        smallest = order[: int((probs[order].cumsum(0) < p).sum()) + 1].sort().values
+        assert torch.equal(kept, smallest)
+        if expected is not None:
+            assert kept.tolist() == expected
+    logits = torch.randn(200, 30) * 2
+    for p in (0.1, 0.5, 0.9):
+        kept = torch.isfinite(top_p_filter(logits, p))
+        mass = (torch.softmax(logits, dim=-1) * kept).sum(dim=-1)
+        smallest_kept = torch.softmax(logits, dim=-1).masked_fill(~kept, 2.0).min(dim=-1).values
+        assert (mass >= p - 1e-6).all() and (mass - smallest_kept < p).all()
+
+
+def test_top_p_one_keeps_everything():
+    logits = torch.tensor([[30.0, 0.0, -30.0, -60.0]])  # the last probabilities round to 0 in float32
+    assert torch.equal(top_p_filter(logits, 1.0), logits)
+    assert torch.equal(top_p_filter(logits, 1), logits)
+
+
+def draws(logits, n=4000, seed=0, **sampling):
+    """n tokens drawn from one row of logits, with a seeded generator."""
+    batch = logits.expand(n, -1)  # (n, vocab_size): n independent draws in one call
+    return sample_next_token(batch, generator=torch.Generator().manual_seed(seed), **sampling)[:, 0]
+
+
+def test_top_k_never_samples_outside_its_set():
+    tokens = draws(EXAMPLE, temperature=2.0, top_k=3)
+    assert set(tokens.tolist()) == {0, 3, 5}
+
+
+def test_top_p_never_samples_outside_its_set():
+    tokens = draws(EXAMPLE, temperature=1.0, top_p=0.85)
+    assert set(tokens.tolist()) == {0, 3, 5}
+    tokens = draws(EXAMPLE, temperature=1.0, top_k=2, top_p=0.99)  # top-k first, then top-p
+    assert set(tokens.tolist()) == {0, 3}
+
+
+def test_sampling_frequencies_match_the_probabilities():
+    for temperature in (0.5, 1.0, 2.0):
+        tokens = draws(EXAMPLE, n=20000, temperature=temperature)
+        freq = torch.bincount(tokens, minlength=8) / 20000
+        probs = torch.softmax(EXAMPLE / temperature, dim=-1)
+        assert (freq - probs).abs().max() < 0.015
+
+
+def test_temperature_zero_is_argmax_whatever_the_filters():
+    logits = torch.randn(5, 40)
+    expected = logits.argmax(dim=-1, keepdim=True)
+    assert torch.equal(sample_next_token(logits), expected)
+    assert torch.equal(sample_next_token(logits, 0.0, top_k=3, top_p=0.5), expected)
+    assert torch.equal(sample_next_token(logits, 1.0, top_k=1), expected)
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(model):
+    idx = prompts(2, 3, seed=9)
+
+    def run(seed):
+        return generate(model, idx, 12, temperature=1.5, top_p=0.95, generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
+
+
+# --- stopping at the end-of-text token ---------------------------------------------------------------------
+
+def finish_at(rows: torch.Tensor, prompt_len: int, eos_id: int) -> list[list[int]]:
+    """What eos handling must make of free-running rows: everything after the first eos_id becomes eos_id."""
+    out = []
+    for row in rows.tolist():
+        new = row[prompt_len:]
+        if eos_id in new:
+            first = new.index(eos_id)
+            new = new[: first + 1] + [eos_id] * (len(new) - first - 1)
+        out.append(row[:prompt_len] + new)
+    return out
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_eos_fills_finished_rows_and_stops_when_all_are_done(model, use_cache):
+    idx = prompts(4, 3, seed=11)
+    free = generate(model, idx, 12, use_cache=use_cache)
+    eos_id = free[0, 5].item()  # the third token row 0 produces plays the end-of-text token
+    stopped = generate(model, idx, 12, eos_id=eos_id, use_cache=use_cache)
+    assert stopped.shape == free.shape  # not every row produces eos_id, so all 12 steps run
+    assert stopped.tolist() == finish_at(free, 3, eos_id)
+    assert (stopped[0, 5:] == eos_id).all()
+    assert any(eos_id not in row for row in stopped[:, 3:].tolist())
+
+
+def test_generation_stops_early_once_every_row_finished(model):
+    idx = prompts(1, 3, seed=11).repeat(2, 1)  # two copies: both finish at the same step
+    free = generate(model, idx, 12)
+    eos_id = free[0, 5].item()
+    first = free[0, 3:].tolist().index(eos_id)  # eos_id may already come earlier than step 2
+    stopped = generate(model, idx, 12, eos_id=eos_id)
+    assert stopped.shape == (2, 3 + first + 1)
+    assert torch.equal(stopped, free[:, : 3 + first + 1])
+
+
+def test_eos_id_constant_is_gpt2_end_of_text():
+    from course_lib.tokenization import gpt2_tokenizer
+    assert gpt2_tokenizer().encode("<|endoftext|>", allowed_special={"<|endoftext|>"}) == [EOS_ID]
+
+
+# --- every bad input, with its message ---------------------------------------------------------------------
+
+GOOD = torch.tensor([[1, 2, 3]])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(idx=torch.zeros(1, 0, dtype=torch.long)), ValueError, "idx is empty, shape (1, 0)"),
+    (dict(idx=torch.zeros(0, 3, dtype=torch.long)), ValueError, "idx is empty, shape (0, 3)"),
+    (dict(idx=torch.tensor([[1, 97]])), ValueError, "idx holds token id 97 >= vocab_size 97"),
+    (dict(idx=torch.tensor([[-1, 2]])), ValueError, "idx holds token id -1 < 0"),
+    (dict(idx=torch.tensor([1, 2, 3])), ValueError, "idx must be 2-D (batch, tokens), got shape (3,)"),
+    (dict(idx=torch.tensor([[1.0, 2.0]])), TypeError, "idx must hold integer token ids, got dtype torch.float32"),
+    (dict(idx=[[1, 2, 3]]), TypeError, "idx must be a torch.Tensor of token ids (batch, tokens), got list"),
+    (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be >= 0, got -1"),
+    (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int, got 2.0"),
+    (dict(max_new_tokens=14), ValueError, "a prompt of 3 tokens + max_new_tokens 14 = 17 tokens, more than "
+                                          "context_length 16, and cropping is off"),
+    (dict(idx=torch.zeros(1, 17, dtype=torch.long), max_new_tokens=0), ValueError,
+     "a prompt of 17 tokens + max_new_tokens 0 = 17 tokens, more than context_length 16"),
+    (dict(context_size=0), ValueError, "context_size must be in [1, context_length 16], got 0"),
+    (dict(context_size=17), ValueError, "context_size must be in [1, context_length 16], got 17"),
+    (dict(context_size=4.0), TypeError, "context_size must be None or an int, got 4.0"),
+    (dict(temperature=-0.5), ValueError, "temperature must be a finite number >= 0, got -0.5"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be a finite number >= 0, got nan"),
+    (dict(temperature="hot"), TypeError, "temperature must be a number, got 'hot' (str)"),
+    (dict(top_k=0), ValueError, "top_k must be None (no limit) or an int >= 1, got 0"),
+    (dict(top_k=2.5), TypeError, "top_k must be None or an int, got 2.5 (float)"),
+    (dict(top_p=0.0), ValueError, "top_p must be None (off) or in (0, 1], got 0.0"),
+    (dict(top_p=1.5), ValueError, "top_p must be None (off) or in (0, 1], got 1.5"),
+    (dict(top_p="0.9"), TypeError, "top_p must be None or a number, got '0.9' (str)"),
+    (dict(eos_id=97), ValueError, "eos_id must be None or a token id in [0, 96], got 97"),
+    (dict(eos_id=-1), ValueError, "eos_id must be None or a token id in [0, 96], got -1"),
+    (dict(use_cache=1), TypeError, "use_cache must be True or False, got 1"),
+    (dict(generator=123), TypeError, "generator must be None or a torch.Generator, got int"),
+    (dict(model=nn.Linear(2, 2)), TypeError, "model must be a GPTModel (an nn.Module with a GPTConfig in "
+                                             "model.cfg), got Linear"),
+])
+def test_generate_rejects_bad_inputs(model, kwargs, error, message):
+    args = dict(model=model, idx=GOOD, max_new_tokens=2) | kwargs
+    with pytest.raises(error, match=re.escape(message)):
+        generate(**args)
+
+
+@pytest.mark.parametrize("idx, new, context_size, message", [
+    (torch.zeros(1, 0, dtype=torch.long), 2, 4, "idx is empty"),
+    (torch.tensor([[100]]), 2, 4, "idx holds token id 100 >= vocab_size 97"),
+    (GOOD, -2, 4, "max_new_tokens must be >= 0, got -2"),
+    (GOOD, 2, 0, "context_size must be in [1, context_length 16], got 0"),
+    (GOOD, 20, None, "a prompt of 3 tokens + max_new_tokens 20 = 23 tokens"),
+])
+def test_generate_text_simple_rejects_bad_inputs(model, idx, new, context_size, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generate_text_simple(model, idx, new, context_size)
+
+
+def test_check_generation_args_returns_the_window(model):
+    assert check_generation_args(model, GOOD, 5, None) == 16
+    assert check_generation_args(model, GOOD, 100, 7) == 7
+
+
+def test_generator_on_another_device_is_rejected():
+    class FakeGenerator(torch.Generator):  # a CPU-only machine has no other device to put one on
+        device = torch.device("cuda", 0)
+
+    with pytest.raises(ValueError, match=re.escape("generator is on cuda:0 but the tokens are on cpu: create "
+                                                   "it with torch.Generator(device='cpu')")):
+        check_generator(FakeGenerator(), torch.device("cpu"))
+
+
+def test_idx_on_another_device_than_the_model_is_rejected(model):
+    meta_idx = GOOD.to("meta")
+    with pytest.raises(ValueError, match=re.escape("idx is on meta but the model is on cpu: move the prompt")):
+        generate(model, meta_idx, 2)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: scale_logits(EXAMPLE, 0), ValueError, "temperature 0 cannot scale logits"),
+    (lambda: scale_logits(EXAMPLE, -1.0), ValueError, "temperature must be a finite number >= 0, got -1.0"),
+    (lambda: scale_logits(EXAMPLE, float("inf")), ValueError, "temperature must be a finite number >= 0, got inf"),
+    (lambda: top_k_filter(EXAMPLE, 0), ValueError, "top_k must be None (no limit) or an int >= 1, got 0"),
+    (lambda: top_k_filter(EXAMPLE, True), TypeError, "top_k must be None or an int, got True (bool)"),
+    (lambda: top_p_filter(EXAMPLE, 0), ValueError, "top_p must be None (off) or in (0, 1], got 0"),
+    (lambda: top_p_filter(EXAMPLE, 1.01), ValueError, "top_p must be None (off) or in (0, 1], got 1.01"),
+    (lambda: top_k_filter(torch.tensor([1, 2]), 1), TypeError, "logits must be a float tensor, got dtype torch.int64"),
+    (lambda: top_p_filter([1.0, 2.0], 0.5), TypeError, "logits must be a torch.Tensor (..., vocab_size), got list"),
+    (lambda: scale_logits(torch.zeros(2, 0), 1.0), ValueError, "logits must have at least one entry"),
+    (lambda: sample_next_token(EXAMPLE, 1.0), ValueError, "logits must be 2-D (batch, vocab_size), got shape (8,)"),
+    (lambda: sample_next_token(EXAMPLE[None], 1.0, generator="seed"), TypeError,
+     "generator must be None or a torch.Generator, got str"),
+    (lambda: check_logits(torch.tensor(1.0)), ValueError, "logits must have at least one entry"),
+    (lambda: check_sampling_args(top_p=float("nan")), ValueError, "top_p must be None (off) or in (0, 1], got nan"),
+])
+def test_sampling_pieces_reject_bad_inputs(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call()
