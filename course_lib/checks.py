@@ -85,6 +85,10 @@ def require_function(ck: Checker, impl, example: str):
     if inspect.isclass(impl):
         raise TypeError(f"{ck.name} expects a function such as {example}, got the class {impl.__name__}: "
                         "pass the function itself")
+    if isinstance(impl, nn.Module):
+        raise TypeError(f"{ck.name} expects a function such as {example}, got an instance of "
+                        f"{type(impl).__name__}: pass the function (or, where the check accepts a class, the "
+                        "class itself, not an instance)")
     if not callable(impl):
         raise TypeError(f"{ck.name} expects a function such as {example}, got {type(impl).__name__} {impl!r}")
 

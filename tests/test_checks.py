@@ -249,6 +249,8 @@ def test_checks_reject_what_is_not_the_learner_class_or_function():
         checks.check_merge_pair(LayerNorm)
     with pytest.raises(TypeError, match="expects a function such as my_top_k"):
         checks.check_top_k(3)
+    with pytest.raises(TypeError, match="got an instance of CausalAttention: pass the function"):
+        checks.check_causal_attention(CausalAttention(4, 4, 4, 0.0))
     with pytest.raises(TypeError, match=r"not an instance: call check_gelu\(GELU\)"):
         checks.check_gelu(GELU())
 
