@@ -63,10 +63,11 @@ def main():
     results = {}
     for mode, make in (("forward", forward_fn), ("forward+backward", forward_backward_fn)):
         fns = {name: make(layer, kw) for name, (layer, kw) in variants.items()}
-        times = time_interleaved(fns, repeats=repeats, warmup=1)
+        timings = time_interleaved(fns, repeats=repeats, warmup=1)
         memory = {name: peak_tensor_memory(fn) for name, fn in fns.items()}
         for name in fns:
-            results.setdefault(name, {})[mode] = {**summarize(times[name]), "peak_tensor_bytes": memory[name]}
+            results.setdefault(name, {})[mode] = {**summarize(timings.wall[name], timings.cpu[name]),
+                                                  "peak_tensor_bytes": memory[name]}
 
     sdpa = results["fused, SDPA fast path"]
     rows = []
@@ -78,7 +79,8 @@ def main():
                      f"{r['forward+backward']['median_s'] / sdpa['forward+backward']['median_s']:.2f}x",
                      f"{r['forward+backward']['peak_tensor_bytes'] / 2**20:.0f} MiB"])
     print_table(["variant", "forward", "vs SDPA", "peak mem", "fwd+bwd", "vs SDPA", "peak mem"], rows,
-                title=f"attention, batch {batch} x {tokens} tokens x {d} dims, {heads} heads, float32, eval mode, "
+                title=f"attention, {torch.get_num_threads()} threads, batch {batch} x {tokens} tokens x {d} dims, "
+                      f"{heads} heads, float32, eval mode, "
                       f"dropout 0; medians of {repeats} interleaved repetitions after warm-up; peak mem = peak "
                       "bytes of tensors created during the call (inputs and weights excluded)")
     run.finish({"batch": batch, "tokens": tokens, "d": d, "heads": heads, "repeats": repeats,

@@ -12,6 +12,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,9 +30,18 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few repetitions: a smoke run")
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions per variant")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both peers (default: torch's own choice, one per core); "
+                             "on a machine shared with other jobs, 1 keeps OpenMP workers from waiting for "
+                             "busy cores at every operation")
     if extra is not None:
         extra(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    return args
 
 
 def cpu_model() -> str:
@@ -134,20 +144,30 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Run every function `warmup` times, then `repeats` rounds of A B C A B C ...; return the seconds of
-    each timed call per name. Interleaving spreads a change of machine load over all variants alike, so
-    ratios of medians stay meaningful on a busy machine."""
+@dataclass
+class Timings:
+    """Seconds of every timed call, per variant name: `wall` (the clock on the wall) and `cpu` (CPU time this
+    process used, all its threads together). With one thread, cpu counts only the work done, so it hardly
+    moves when other jobs share the cores; with several threads it also counts OpenMP workers spinning."""
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> Timings:
+    """Run every function `warmup` times, then `repeats` rounds of A B C A B C ...; return the wall and CPU
+    seconds of each timed call per name. Interleaving spreads a change of machine load over all variants
+    alike, so ratios of medians stay meaningful on a busy machine."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    timings = Timings(wall={name: [] for name in fns}, cpu={name: [] for name in fns})
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return times
+            timings.wall[name].append(time.perf_counter() - wall)
+            timings.cpu[name].append(time.process_time() - cpu)
+    return timings
 
 
 def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
@@ -155,8 +175,12 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     return median([a / b for a, b in zip(numerator, denominator)])
 
 
-def summarize(times: list[float]) -> dict:
-    return {"median_s": median(times), "min_s": min(times), "max_s": max(times), "times_s": times}
+def summarize(times: list[float], cpu: list[float] | None = None) -> dict:
+    """Median, min, max and every value of a list of wall-clock seconds (and of the CPU seconds, if given)."""
+    summary = {"median_s": median(times), "min_s": min(times), "max_s": max(times), "times_s": times}
+    if cpu is not None:
+        summary.update({"cpu_median_s": median(cpu), "cpu_times_s": cpu})
+    return summary
 
 
 def fmt_s(seconds: float) -> str:

@@ -9,6 +9,7 @@ plus the course's own speedup of the KV cache over re-reading the whole sequence
 import time
 
 import torch
+from transformers import GenerationConfig
 
 from common import (Run, build_pair, fmt_s, median, paired_ratio, parse_args, print_table, summarize,
                     time_interleaved)
@@ -37,26 +38,31 @@ def main():
     def course_uncached():
         return generate(course, prompt, max_new_tokens=new_tokens, use_cache=False)
 
+    # Greedy, KV cache, exactly new_tokens tokens and no end-of-text handling, like the course's call above
+    # (eos_token_id=None: no stopping criterion and no min-length logits processor, which would be extra work).
+    hf_config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, use_cache=True, eos_token_id=None,
+                                 pad_token_id=None)
+
     def hf_cached():
         with torch.no_grad():
-            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, do_sample=False,
-                               max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                               pad_token_id=hf.config.eos_token_id)
+            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=hf_config)
 
     outputs = {"course": course_cached(), "hf": hf_cached()}  # also the warm-up
     assert outputs["course"].shape == (1, prompt.shape[1] + new_tokens), outputs["course"].shape
     if not torch.equal(outputs["course"], outputs["hf"]):
         differ = (outputs["course"] != outputs["hf"]).nonzero()
         raise AssertionError(f"course and HF greedy outputs differ from position {differ[0, 1].item()}")
-    times = time_interleaved({"course": course_cached, "hf": hf_cached}, repeats=repeats, warmup=0)
-    start = time.perf_counter()  # once: it is the slow one
+    timings = time_interleaved({"course": course_cached, "hf": hf_cached}, repeats=repeats, warmup=0)
+    times = timings.wall
+    start, start_cpu = time.perf_counter(), time.process_time()  # once: it is the slow one
     assert torch.equal(course_uncached(), outputs["course"]), "the KV cache changed the greedy tokens"
-    uncached = [time.perf_counter() - start]
+    uncached, uncached_cpu = [time.perf_counter() - start], [time.process_time() - start_cpu]
 
     tps = {k: new_tokens / median(v) for k, v in times.items()}
     tps["course_uncached"] = new_tokens / median(uncached)
     vs_hf = tps["course"] / tps["hf"]
     cache_speedup = tps["course"] / tps["course_uncached"]
+    cpu_vs_hf = median(timings.cpu["hf"]) / median(timings.cpu["course"])
     rows = [
         ["course generate, KV cache", fmt_s(median(times["course"])), f"{tps['course']:.1f}", ""],
         [f"HF generate, use_cache=True ({hf.config._attn_implementation})", fmt_s(median(times["hf"])),
@@ -65,17 +71,21 @@ def main():
         ["course / HF tokens/s", "", f"{vs_hf:.2f}x", f">= {GOAL_VS_HF}: {'yes' if vs_hf >= GOAL_VS_HF else 'NO'}"],
         ["course cached / uncached", "", f"{cache_speedup:.2f}x",
          f">= {GOAL_CACHE}: {'yes' if cache_speedup >= GOAL_CACHE else 'NO'}"],
+        ["course / HF, by CPU time", "", f"{cpu_vs_hf:.2f}x", "load-proof with 1 thread"],
     ]
     print_table(["variant", "time", "tokens/s", "goal"], rows,
-                title=f"greedy generation, emb {emb_dim} / {n_layers} layers, prompt {prompt.shape[1]} tokens, "
+                title=f"greedy generation, {torch.get_num_threads()} threads, emb {emb_dim} / {n_layers} layers, "
+                      f"prompt {prompt.shape[1]} tokens, "
                       f"{new_tokens} new tokens, batch 1, float32; medians of {repeats} interleaved runs "
                       "(uncached: 1 run); outputs identical")
     run.finish({
         "emb_dim": emb_dim, "n_layers": n_layers, "n_heads": n_heads, "context_length": context_length,
         "prompt": PROMPT, "prompt_tokens": prompt.shape[1], "new_tokens": new_tokens, "repeats": repeats,
         "hf_attn_implementation": hf.config._attn_implementation, "outputs_identical": True,
-        "course": summarize(times["course"]), "hf": summarize(times["hf"]),
-        "course_uncached": summarize(uncached), "tokens_per_s": tps,
+        "course": summarize(times["course"], timings.cpu["course"]),
+        "hf": summarize(times["hf"], timings.cpu["hf"]),
+        "course_uncached": summarize(uncached, uncached_cpu), "tokens_per_s": tps,
+        "cpu_ratio_course_over_hf_tokens_per_s": cpu_vs_hf,
         "ratio_course_over_hf_tokens_per_s": vs_hf,
         "paired_ratio": paired_ratio(times["hf"], times["course"]),
         "cache_speedup": cache_speedup,

@@ -37,7 +37,8 @@ def main():
     fns = {f"mm {n}": matmul_fn(n) for n in sizes}
     fns["course"] = make_train_step(course, course_logits, ids, targets)
     fns["hf"] = make_train_step(hf, hf_logits, ids, targets)
-    times = time_interleaved(fns, repeats=repeats, warmup=1)
+    timings = time_interleaved(fns, repeats=repeats, warmup=1)
+    times = timings.wall
 
     peak_by_size = {n: 2 * n**3 / median(times[f"mm {n}"]) for n in sizes}
     peak = max(peak_by_size.values())
@@ -51,13 +52,15 @@ def main():
     for name in ("course", "hf"):
         tokens_per_s = batch * tokens / median(times[name])
         achieved = tokens_per_s * flops_per_token
-        training[name] = {**summarize(times[name]), "tokens_per_s": tokens_per_s, "achieved_flop_per_s": achieved,
+        training[name] = {**summarize(times[name], timings.cpu[name]), "tokens_per_s": tokens_per_s,
+                          "achieved_flop_per_s": achieved,
                           "mfu": achieved / peak, "mfu_6n_only": tokens_per_s * flops_6n / peak}
         label = "course GPTModel" if name == "course" else f"HF GPT2LMHeadModel ({hf.config._attn_implementation})"
         rows.append([f"train step, {label}", f"{tokens_per_s:.0f}", f"{achieved / 1e9:.1f}",
                      f"MFU {training[name]['mfu']:.1%} (6N only: {training[name]['mfu_6n_only']:.1%})"])
     print_table(["what", "tokens/s", "GFLOP/s", ""], rows,
-                title=f"MFU, {params / 1e6:.1f}M parameters, batch {batch} x {tokens} tokens, AdamW, float32; "
+                title=f"MFU, {torch.get_num_threads()} threads, {params / 1e6:.1f}M parameters, "
+                      f"batch {batch} x {tokens} tokens, AdamW, float32; "
                       f"FLOPs/token = 6N + 12LTd = {flops_6n / 1e6:.0f}M + {flops_attention / 1e6:.1f}M; "
                       f"medians of {repeats} interleaved repetitions")
     run.finish({
@@ -65,7 +68,7 @@ def main():
         "parameters": params, "parameters_counting": "all, tied matrix once, embeddings included",
         "flops_per_token": flops_per_token, "flops_6n": flops_6n, "flops_attention_12LTd": flops_attention,
         "matmul_gflop_per_s": {str(n): p / 1e9 for n, p in peak_by_size.items()},
-        "matmul_times": {str(n): summarize(times[f"mm {n}"]) for n in sizes},
+        "matmul_times": {str(n): summarize(times[f"mm {n}"], timings.cpu[f"mm {n}"]) for n in sizes},
         "peak_gflop_per_s": peak / 1e9, "training": training, "repeats": repeats,
     })
 

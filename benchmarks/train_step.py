@@ -34,17 +34,24 @@ def main():
                  "hf": make_train_step(hf, hf_logits, ids, targets)}
         first = {k: step() for k, step in steps.items()}  # same weights, same batch: same loss
         assert math.isclose(first["course"], first["hf"], rel_tol=1e-5), first
-        times = time_interleaved(steps, repeats=repeats, warmup=1)
+        timings = time_interleaved(steps, repeats=repeats, warmup=1)
+        times = timings.wall
         last = {k: step() for k, step in steps.items()}  # after repeats + 3 identical AdamW steps
+        # both models took the same steps: they must still agree (float rounding only), or the timing compares
+        # two different computations
+        assert math.isclose(last["course"], last["hf"], rel_tol=1e-4), last
         ratio = median(times["course"]) / median(times["hf"])
+        cpu_ratio = median(timings.cpu["course"]) / median(timings.cpu["hf"])
         params = count_params(course)
         tokens_per_step = batch * tokens
         result = {
             "size": name, "emb_dim": emb_dim, "n_layers": n_layers, "n_heads": n_heads,
             "context_length": context_length, "batch": batch, "tokens": tokens, "parameters": params,
             "hf_attn_implementation": hf.config._attn_implementation, "dtype": "float32",
-            "course": summarize(times["course"]), "hf": summarize(times["hf"]),
+            "course": summarize(times["course"], timings.cpu["course"]),
+            "hf": summarize(times["hf"], timings.cpu["hf"]),
             "ratio_course_over_hf": ratio, "paired_ratio": paired_ratio(times["course"], times["hf"]),
+            "cpu_ratio_course_over_hf": cpu_ratio,
             "goal_ratio_at_most": GOAL, "goal_met": ratio <= GOAL,
             "first_loss": first, "last_loss": last,
             "course_tokens_per_s": tokens_per_step / median(times["course"]),
@@ -53,12 +60,15 @@ def main():
         results.append(result)
         rows.append([name, f"{params / 1e6:.1f}M", f"{batch}x{tokens}", fmt_s(median(times["course"])),
                      fmt_s(median(times["hf"])), f"{ratio:.3f}", f"{result['paired_ratio']:.3f}",
+                     f"{cpu_ratio:.3f}",
                      "yes" if ratio <= GOAL else "NO",
                      f"{first['course']:.4f}/{first['hf']:.4f} -> {last['course']:.4f}/{last['hf']:.4f}"])
         del course, hf, steps
     print_table(["size", "params", "batch", "course", f"HF ({results[0]['hf_attn_implementation']})",
-                 "course/HF", "paired", f"<= {GOAL}", "loss course/HF first -> last"], rows,
-                title=f"training step, float32, AdamW, medians of {repeats} interleaved repetitions after warm-up")
+                 "course/HF", "paired", "CPU-time", f"<= {GOAL}", "loss course/HF first -> last"], rows,
+                title=f"training step, float32, AdamW, {torch.get_num_threads()} threads, medians of {repeats} "
+                       "interleaved repetitions after warm-up; course/HF = ratio of wall medians, paired = median "
+                       "of per-round ratios, CPU-time = ratio of CPU-time medians (load-proof with 1 thread)")
     run.finish({"repeats": repeats, "sizes": results})
 
 
