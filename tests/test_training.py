@@ -1,0 +1,349 @@
+import hashlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import training
+from course_lib.config import GPTConfig
+from course_lib.model import GPTModel
+from course_lib.tokenization import CharTokenizer, gpt2_tokenizer
+from course_lib.training import (
+    SHAKESPEARE_FILE, SHAKESPEARE_SHA256, TrainConfig, batch_loss, cross_entropy, evaluate, get_batch,
+    load_checkpoint, load_shakespeare, lr_at, make_optimizer, sample_text, save_checkpoint, split_by_position,
+    train,
+)
+
+TINY = dict(context_length=16, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    text = load_shakespeare()
+    tokenizer = CharTokenizer.from_text(text)
+    data = torch.tensor(tokenizer.encode(text))
+    return text, tokenizer, data
+
+
+def tiny_model(tokenizer, drop_rate=0.0, tie_weights=False, seed=0):
+    torch.manual_seed(seed)
+    return GPTModel(GPTConfig(vocab_size=tokenizer.vocab_size, drop_rate=drop_rate, **TINY), tie_weights)
+
+
+TCFG = TrainConfig(total_steps=12, batch_size=4, max_lr=3e-3, min_lr=3e-4, warmup_steps=3, eval_every=4,
+                   eval_batches=2)
+
+
+# The corpus and its split
+
+def test_corpus_file_is_the_recorded_one(corpus):
+    raw = SHAKESPEARE_FILE.read_bytes()
+    assert len(raw) == 960_211
+    assert hashlib.sha256(raw).hexdigest() == SHAKESPEARE_SHA256
+    text, tokenizer, _ = corpus
+    assert len(text) == 960_211 and tokenizer.vocab_size == 65
+    assert text.startswith("BERNARDO:\nWho's there?\n\n") and text.endswith("Assist.\n\n")
+
+
+def test_a_damaged_corpus_is_refused(tmp_path, monkeypatch):
+    damaged = tmp_path / "shakespeare.txt"
+    damaged.write_bytes(SHAKESPEARE_FILE.read_bytes()[:-1])
+    monkeypatch.setattr(training, "SHAKESPEARE_FILE", damaged)
+    with pytest.raises(ValueError, match=r"shakespeare.txt has sha256 \w+, expected dffdc9cb.*damaged"):
+        load_shakespeare()
+
+
+def test_split_is_by_position(corpus):
+    _, _, data = corpus
+    train_data, val_data = split_by_position(data)
+    assert (len(train_data), len(val_data)) == (864_189, 96_022)
+    assert torch.equal(torch.cat([train_data, val_data]), data)
+    train_data, val_data = split_by_position(torch.arange(10), val_fraction=0.3)
+    assert train_data.tolist() == [0, 1, 2, 3, 4, 5, 6] and val_data.tolist() == [7, 8, 9]
+
+
+@pytest.mark.parametrize("data, fraction, error, message", [
+    ([1, 2, 3], 0.1, TypeError, r"data must be a 1-D torch.Tensor of token ids, got list"),
+    (torch.rand(5), 0.1, TypeError, r"data must hold integer token ids, got dtype torch.float32"),
+    (torch.zeros(2, 5, dtype=torch.long), 0.1, ValueError, r"one stream of tokens \(1-D\), got shape \(2, 5\)"),
+    (torch.arange(10), 0.0, ValueError, r"val_fraction must be a float strictly between 0 and 1, got 0.0"),
+    (torch.arange(10), 1, ValueError, r"val_fraction must be a float strictly between 0 and 1, got 1"),
+    (torch.arange(1), 0.1, ValueError, r"val_fraction 0.1 of 1 tokens leaves one part empty"),
+    (torch.arange(10), 1e-17, ValueError, r"val_fraction 1e-17 of 10 tokens leaves one part empty"),
+])
+def test_split_errors(data, fraction, error, message):
+    with pytest.raises(error, match=message):
+        split_by_position(data, fraction)
+
+
+def test_get_batch_cuts_shifted_windows(corpus):
+    _, _, data = corpus
+    inputs, targets = get_batch(data, 5, 8, torch.Generator().manual_seed(1))
+    assert inputs.shape == targets.shape == (5, 8) and inputs.dtype == torch.long
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+    again, _ = get_batch(data, 5, 8, torch.Generator().manual_seed(1))
+    assert torch.equal(inputs, again)
+    stream = torch.arange(100)
+    inputs, targets = get_batch(stream, 50, 7, torch.Generator().manual_seed(2))
+    assert torch.equal(inputs + 1, targets) and torch.equal(inputs[:, 1:] - inputs[:, :-1], torch.ones(50, 6).long())
+    assert int(targets.max()) <= 99  # a window never runs past the end
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
+    (dict(context_length=2.0), TypeError, r"context_length must be an int, got 2.0"),
+    (dict(generator=123), TypeError, r"generator must be a torch.Generator, got int"),
+    (dict(context_length=10), ValueError, r"data has 10 tokens but one window needs context_length \+ 1 = 11"),
+])
+def test_get_batch_errors(kwargs, error, message):
+    args = dict(data=torch.arange(10), batch_size=2, context_length=4, generator=torch.Generator()) | kwargs
+    with pytest.raises(error, match=message):
+        get_batch(**args)
+
+
+# The loss
+
+def test_cross_entropy_equals_pytorch():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 11) * 4
+    targets = torch.randint(0, 11, (3, 7))
+    ours = cross_entropy(logits, targets)
+    assert torch.allclose(ours, F.cross_entropy(logits.flatten(0, 1), targets.flatten()), atol=1e-6, rtol=0)
+    by_hand = -torch.log(torch.softmax(logits.double(), -1)).gather(-1, targets.unsqueeze(-1)).mean()
+    assert abs(ours.item() - by_hand.item()) < 1e-5
+
+
+def test_cross_entropy_is_stable_where_log_of_softmax_is_not():
+    logits = torch.tensor([[[0.0, 200.0]]])  # the target (id 0) gets probability e^-200: float32 gives 0
+    naive = -torch.log(torch.softmax(logits, -1))[0, 0, 0]
+    assert naive.item() == math.inf
+    assert cross_entropy(logits, torch.tensor([[0]])).item() == pytest.approx(200.0)
+
+
+@pytest.mark.parametrize("logits, targets, error, message", [
+    (torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), TypeError, r"logits must be a float tensor \(batch, tokens, vocab_size\), got \(2, 3\)"),
+    (torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), ValueError, r"targets must be a long tensor of shape \(2, 3\).*torch.int64 \(2, 4\)"),
+    (torch.zeros(2, 3, 5), torch.zeros(2, 3), ValueError, r"targets must be a long tensor of shape \(2, 3\).*got torch.float32"),
+    (torch.zeros(1, 2, 5), torch.tensor([[0, 5]]), ValueError, r"targets must be token ids in \[0, 4\], got values from 0 to 5"),
+])
+def test_cross_entropy_errors(logits, targets, error, message):
+    with pytest.raises(error, match=message):
+        cross_entropy(logits, targets)
+
+
+def test_untrained_loss_is_about_ln_vocab(corpus):
+    _, tokenizer, data = corpus
+    model = tiny_model(tokenizer)
+    inputs, targets = get_batch(data, 8, 16, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        loss = batch_loss(model, inputs, targets).item()
+    assert abs(loss - math.log(65)) < 0.05
+
+
+# Training
+
+def test_lr_schedule_values():
+    tcfg = TrainConfig(total_steps=101, max_lr=1e-3, min_lr=1e-4, warmup_steps=10)
+    assert lr_at(0, tcfg) == pytest.approx(1e-4)  # max_lr / warmup_steps
+    assert lr_at(9, tcfg) == pytest.approx(1e-3)  # end of the warmup
+    assert lr_at(10, tcfg) == pytest.approx(1e-3)  # the cosine starts at the top
+    assert lr_at(55, tcfg) == pytest.approx(5.5e-4)  # half way down: the mean of max and min
+    assert lr_at(100, tcfg) == pytest.approx(1e-4)  # the last step
+    lrs = [lr_at(s, tcfg) for s in range(101)]
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10])) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    with pytest.raises(ValueError, match=r"step 101 is past the run: steps go from 0 to total_steps - 1 = 100"):
+        lr_at(101, tcfg)
+    with pytest.raises(ValueError, match=r"step must be >= 0, got -1"):
+        lr_at(-1, tcfg)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(total_steps=0), ValueError, r"total_steps must be >= 1, got 0"),
+    (dict(batch_size=2.5), TypeError, r"batch_size must be an int, got 2.5"),
+    (dict(warmup_steps=1000), ValueError, r"warmup_steps 1000 must be < total_steps 1000"),
+    (dict(max_lr=-1.0), ValueError, r"max_lr must be a finite number >= 0, got -1.0"),
+    (dict(min_lr=1.0), ValueError, r"need 0 <= min_lr <= max_lr and max_lr > 0, got min_lr 1.0 and max_lr 0.004"),
+    (dict(grad_clip=0), ValueError, r"grad_clip must be > 0"),
+])
+def test_train_config_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_weight_decay_spares_biases_and_norms(corpus):
+    model = tiny_model(corpus[1], tie_weights=True)
+    decayed, spared = make_optimizer(model, TCFG).param_groups
+    assert decayed["weight_decay"] == 0.1 and spared["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() == 1 for p in spared["params"])
+    assert len(decayed["params"]) + len(spared["params"]) == len(list(model.parameters()))  # tied: once
+
+
+def test_a_few_steps_reduce_the_loss(corpus):
+    _, tokenizer, data = corpus
+    train_data, val_data = split_by_position(data)
+    model = tiny_model(tokenizer)
+    tcfg = TrainConfig(total_steps=40, batch_size=8, max_lr=1e-2, min_lr=1e-3, warmup_steps=5, eval_every=20,
+                       eval_batches=4)
+    history = train(model, make_optimizer(model, tcfg), train_data, val_data, tcfg, torch.Generator().manual_seed(0),
+                    progress=False)
+    assert len(history["loss"]) == len(history["lr"]) == 40 and history["eval_step"] == [20, 40]
+    assert history["val_loss"][-1] < history["val_loss"][0] < math.log(65) - 0.5
+    assert sum(history["loss"][-5:]) / 5 < history["loss"][0] - 0.7
+    assert history["lr"][4] == pytest.approx(1e-2) and history["lr"][-1] == pytest.approx(1e-3)
+    assert model.training  # train() leaves the model in training mode; evaluation did not change that
+
+
+def test_a_single_batch_can_be_memorised(corpus):
+    _, tokenizer, data = corpus
+    model = tiny_model(tokenizer)
+    inputs, targets = get_batch(data, 4, 16, torch.Generator().manual_seed(3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(100):
+        loss = batch_loss(model, inputs, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(stop_step=13), r"stop_step 13 > total_steps 12: the learning-rate schedule ends there"),
+    (dict(start_step=5, stop_step=4), r"stop_step must be >= 5, got 4"),
+])
+def test_train_errors(corpus, kwargs, message):
+    model = tiny_model(corpus[1])
+    with pytest.raises(ValueError, match=message):
+        train(model, make_optimizer(model, TCFG), corpus[2], corpus[2], TCFG, torch.Generator(), **kwargs)
+
+
+def test_evaluate_and_sampling_are_repeatable(corpus):
+    _, tokenizer, data = corpus
+    model = tiny_model(tokenizer)
+    first = evaluate(model, {"a": data[:5000], "b": data[5000:10000]}, 4, 2)
+    assert first == evaluate(model, {"a": data[:5000], "b": data[5000:10000]}, 4, 2) and list(first) == ["a", "b"]
+    text = sample_text(model, tokenizer, "ROMEO:\n", 30, seed=5)
+    assert text.startswith("ROMEO:\n") and len(text) == 37 and text == sample_text(model, tokenizer, "ROMEO:\n", 30, seed=5)
+
+
+# Checkpoints
+
+def run(model, optimizer, data, tcfg, generator, start, stop, history=None):
+    train_data, val_data = split_by_position(data[:20_000])
+    return train(model, optimizer, train_data, val_data, tcfg, generator, start, stop, history, progress=False)
+
+
+@pytest.mark.parametrize("tie_weights", [False, True])
+def test_checkpoint_round_trip_is_bit_exact(corpus, tmp_path, tie_weights):
+    _, tokenizer, data = corpus
+    model = tiny_model(tokenizer, tie_weights=tie_weights)
+    optimizer = make_optimizer(model, TCFG)
+    generator = torch.Generator().manual_seed(0)
+    history = run(model, optimizer, data, TCFG, generator, 0, 3)
+    path = save_checkpoint(tmp_path / "ckpt" / "run.pt", model, optimizer, tokenizer, TCFG, 3, generator, history)
+    assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["run.pt"]  # no partial file left
+    ckpt = load_checkpoint(path)
+    inputs, _ = get_batch(data, 2, 16, torch.Generator().manual_seed(9))
+    assert torch.equal(ckpt.model(inputs), model(inputs))
+    assert ckpt.model.cfg == model.cfg and ckpt.step == 3 and ckpt.train_config == TCFG
+    assert ckpt.tokenizer.chars == tokenizer.chars and ckpt.history == history
+    assert (ckpt.model.out_head.weight is ckpt.model.embedding.tok_emb.weight) == tie_weights
+    assert torch.equal(ckpt.generator.get_state(), generator.get_state())
+    assert ckpt.optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
+
+
+def test_resume_continues_the_same_trajectory(corpus, tmp_path):
+    _, tokenizer, data = corpus
+    model = tiny_model(tokenizer, drop_rate=0.1)  # dropout: the resumed run must also get the same masks
+    straight = run(model, make_optimizer(model, TCFG), data, TCFG, torch.Generator().manual_seed(0), 0, 12)
+
+    model = tiny_model(tokenizer, drop_rate=0.1)
+    optimizer = make_optimizer(model, TCFG)
+    generator = torch.Generator().manual_seed(0)
+    history = run(model, optimizer, data, TCFG, generator, 0, 5)
+    save_checkpoint(tmp_path / "half.pt", model, optimizer, tokenizer, TCFG, 5, generator, history)
+    torch.manual_seed(999)  # whatever happens between the sessions
+    ckpt = load_checkpoint(tmp_path / "half.pt")
+    resumed = run(ckpt.model, ckpt.optimizer, data, ckpt.train_config, ckpt.generator, ckpt.step, 12, ckpt.history)
+    assert resumed["loss"] == straight["loss"] and resumed["val_loss"] == straight["val_loss"]
+    assert resumed["eval_step"] == [4, 8, 12]
+
+
+def test_gpt2_tokenizer_is_stored_by_name(tmp_path):
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=50257, context_length=4, emb_dim=8, n_heads=2, n_layers=1))
+    path = save_checkpoint(tmp_path / "bpe.pt", model, make_optimizer(model, TCFG), gpt2_tokenizer(), TCFG, 0,
+                           torch.Generator())
+    assert load_checkpoint(path).tokenizer is gpt2_tokenizer()
+
+
+def saved(tmp_path, corpus, name="good.pt"):
+    model = tiny_model(corpus[1])
+    return save_checkpoint(tmp_path / name, model, make_optimizer(model, TCFG), corpus[1], TCFG, 0, torch.Generator())
+
+
+def edited(tmp_path, corpus, change):
+    payload = torch.load(saved(tmp_path, corpus), weights_only=True)
+    change(payload)
+    torch.save(payload, tmp_path / "edited.pt")
+    return tmp_path / "edited.pt"
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint .*nowhere.pt does not exist: check the path"):
+        load_checkpoint(tmp_path / "nowhere.pt")
+
+
+def test_truncated_checkpoint(tmp_path, corpus):
+    raw = saved(tmp_path, corpus).read_bytes()
+    (tmp_path / "cut.pt").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match=r"checkpoint .*cut.pt cannot be read \(.*\): the file is truncated"):
+        load_checkpoint(tmp_path / "cut.pt")
+
+
+def test_a_file_that_is_no_checkpoint(tmp_path):
+    (tmp_path / "notes.pt").write_text("hello")
+    with pytest.raises(ValueError, match=r"notes.pt cannot be read"):
+        load_checkpoint(tmp_path / "notes.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other.pt is not a course_lib training checkpoint \(format None"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.pop("optimizer"), r"edited.pt lacks \['optimizer'\]"),
+    (lambda p: p["model_config"].update(emb_dim=33), r"edited.pt holds a config this version cannot build "
+                                                     r"\(emb_dim 33 is not divisible by n_heads 2"),
+    (lambda p: p["model"].pop("final_norm.scale"), r"edited.pt: the stored weights do not fit its own config "
+                                                   r"\(Missing key\(s\) in state_dict: \"final_norm.scale\""),
+    (lambda p: p["tokenizer"]["chars"].pop(), r"edited.pt is inconsistent: its tokenizer has 64 tokens but "
+                                               r"its model has vocab_size 65"),
+])
+def test_damaged_checkpoints(tmp_path, corpus, change, message):
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(edited(tmp_path, corpus, change))
+
+
+def test_a_checkpoint_of_another_shape_or_vocabulary(tmp_path, corpus):
+    path = saved(tmp_path, corpus)
+    other = GPTConfig(vocab_size=65, drop_rate=0.0, **(TINY | dict(emb_dim=64)))
+    with pytest.raises(ValueError, match=r"good.pt holds a model with emb_dim 32 \(you expect 64\): build"):
+        load_checkpoint(path, expected_config=other)
+    with pytest.raises(ValueError, match=r"good.pt was trained with another vocabulary than expected_tokenizer"):
+        load_checkpoint(path, expected_tokenizer=CharTokenizer.from_text("abc"))
+    ckpt = load_checkpoint(path, expected_config=ckpt_cfg(corpus), expected_tokenizer=corpus[1])
+    assert ckpt.step == 0
+
+
+def ckpt_cfg(corpus):
+    return GPTConfig(vocab_size=corpus[1].vocab_size, drop_rate=0.0, **TINY)
+
+
+def test_save_checkpoint_errors(tmp_path, corpus):
+    model = tiny_model(corpus[1])
+    optimizer = make_optimizer(model, TCFG)
+    with pytest.raises(TypeError, match=r"model must be a GPTModel, got Linear"):
+        save_checkpoint(tmp_path / "x.pt", torch.nn.Linear(2, 2), optimizer, corpus[1], TCFG, 0, torch.Generator())
+    with pytest.raises(TypeError, match=r"tokenizer must be a CharTokenizer or course_lib's gpt2_tokenizer\(\), got dict"):
+        save_checkpoint(tmp_path / "x.pt", model, optimizer, {}, TCFG, 0, torch.Generator())
+    assert not list(tmp_path.iterdir())
