@@ -1,6 +1,7 @@
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course_lib.config import GPTConfig
@@ -8,13 +9,21 @@ from course_lib.config import GPTConfig
 
 class GELU(nn.Module):
     """GELU in the tanh approximation GPT-2 was trained with (Hendrycks & Gimpel, 2016):
-    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))."""
+    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))).
+
+    `fused` picks how: True (the default) calls F.gelu(x, approximate="tanh"), which evaluates this formula
+    in one pass over x; False runs the eight elementwise operations above one by one, each reading and
+    writing the whole tensor (and each kept for backward). Same numbers up to float rounding."""
+
+    fused = True  # class default, shared by every instance unless one sets its own
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
             raise TypeError(f"GELU expects a floating-point tensor, got "
                             f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}: "
                             "convert it with x.float()")
+        if self.fused:
+            return F.gelu(x, approximate="tanh")
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 

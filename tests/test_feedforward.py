@@ -17,28 +17,62 @@ def wide_range(dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([torch.linspace(-20, 20, 40001, dtype=dtype), extremes.to(dtype), -extremes.to(dtype)])
 
 
+@pytest.mark.parametrize("fused", [False, True])  # the formula step by step, and F.gelu
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
-def test_gelu_equals_torch_tanh_gelu(dtype, tol):
+def test_gelu_equals_torch_tanh_gelu(dtype, tol, fused):
     x = wide_range(dtype)
-    got, expected = GELU()(x), F.gelu(x, approximate="tanh")
+    gelu = GELU()
+    gelu.fused = fused
+    got, expected = gelu(x), F.gelu(x, approximate="tanh")
     assert got.dtype == dtype and got.shape == x.shape
     assert torch.isfinite(got).all()
     assert torch.allclose(got, expected, atol=tol, rtol=tol), (got - expected).abs().max()
 
 
-def test_gelu_is_the_tanh_form_not_the_exact_one():
+@pytest.mark.parametrize("fused", [False, True])
+def test_gelu_is_the_tanh_form_not_the_exact_one(fused):
     x = torch.linspace(-6, 6, 1201, dtype=torch.float64)
-    gap = (GELU()(x) - F.gelu(x)).abs().max()
+    gelu = GELU()
+    gelu.fused = fused
+    gap = (gelu(x) - F.gelu(x)).abs().max()
     assert 4e-4 < gap < 5e-4  # the tanh approximation's known error, not zero
 
 
-def test_gelu_keeps_shape_and_passes_gradients():
+@pytest.mark.parametrize("fused", [False, True])
+def test_gelu_keeps_shape_and_passes_gradients(fused):
     x = torch.randn(2, 3, 4, requires_grad=True)
-    y = GELU()(x)
+    gelu = GELU()
+    gelu.fused = fused
+    y = gelu(x)
     assert y.shape == (2, 3, 4)
     y.sum().backward()
     expected = torch.autograd.grad(F.gelu(x, approximate="tanh").sum(), x)[0]
     assert torch.allclose(x.grad, expected, atol=1e-6)
+
+
+def test_gelu_fused_is_the_default_and_both_paths_agree_forward_and_backward():
+    assert GELU.fused is True  # what every model of the course runs
+    x = torch.randn(4, 9, 16, dtype=torch.float64, requires_grad=True) * 3
+    upstream = torch.randn(4, 9, 16, dtype=torch.float64)
+    results = {}
+    for fused in (False, True):
+        gelu = GELU()
+        gelu.fused = fused
+        out = gelu(x)
+        results[fused] = (out, torch.autograd.grad((out * upstream).sum(), x)[0])
+    for formula, kernel in zip(results[False], results[True]):
+        assert torch.allclose(formula, kernel, atol=1e-12, rtol=0), (formula - kernel).abs().max()
+
+
+def test_gelu_fused_path_is_taken_by_default(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.nn.functional, "gelu", lambda x, approximate: calls.append(approximate) or x)
+    GELU()(torch.randn(3))
+    assert calls == ["tanh"]
+    off = GELU()
+    off.fused = False
+    off(torch.randn(3))
+    assert calls == ["tanh"]  # the step-by-step formula does not call it
 
 
 @pytest.mark.parametrize("x", [torch.arange(5), [0.0, 1.0]])
