@@ -22,11 +22,13 @@ def pair(emb_dim: int, dtype: torch.dtype, seed: int, eps: float = 1e-5) -> tupl
     return ours, theirs
 
 
+@pytest.mark.parametrize("fused", [False, True])  # the formula step by step, and F.layer_norm
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(7,), (768,), (2, 5, 16), (3, 4, 768), (1, 1, 1)])
 @pytest.mark.parametrize("eps", [1e-5, 1e-2])
-def test_equals_nn_layernorm(dtype, shape, eps):
+def test_equals_nn_layernorm(dtype, shape, eps, fused):
     ours, theirs = pair(shape[-1], dtype, seed=sum(shape), eps=eps)
+    ours.fused = fused
     x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)), dtype=dtype) * 3 + 0.5
     expected = theirs(x)
     got = ours(x)
@@ -35,8 +37,10 @@ def test_equals_nn_layernorm(dtype, shape, eps):
     assert torch.allclose(got, expected, atol=tol, rtol=tol), (got - expected).abs().max()
 
 
-def test_gradients_equal_nn_layernorm():
+@pytest.mark.parametrize("fused", [False, True])
+def test_gradients_equal_nn_layernorm(fused):
     ours, theirs = pair(32, torch.float64, seed=1)
+    ours.fused = fused
     x = torch.randn(4, 6, 32, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(4, 6, 32, dtype=torch.float64)
     (grad_ours,) = torch.autograd.grad((ours(x) * weights).sum(), x)
@@ -48,9 +52,11 @@ def test_gradients_equal_nn_layernorm():
     assert torch.allclose(ours.shift.grad, theirs.bias.grad, atol=1e-10)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rows_have_mean_zero_and_variance_one_before_scale_and_shift(dtype):
+def test_rows_have_mean_zero_and_variance_one_before_scale_and_shift(dtype, fused):
     ln = LayerNorm(64).to(dtype)  # scale = 1, shift = 0: the output is the normalised input
+    ln.fused = fused
     x = torch.randn(3, 10, 64, dtype=dtype) * 5 + 7
     y = ln(x)
     assert torch.allclose(y.mean(dim=-1), torch.zeros(3, 10, dtype=dtype), atol=1e-5)
@@ -66,8 +72,10 @@ def test_parameters_are_named_scale_and_shift_and_start_as_identity():
     assert torch.equal(ln.scale, torch.ones(5)) and torch.equal(ln.shift, torch.zeros(5))
 
 
-def test_constant_row_gives_shift_not_nan():
+@pytest.mark.parametrize("fused", [False, True])
+def test_constant_row_gives_shift_not_nan(fused):
     ln = LayerNorm(4)
+    ln.fused = fused
     y = ln(torch.full((2, 4), 3.0))
     assert torch.equal(y, torch.zeros(2, 4))
 
@@ -77,6 +85,42 @@ def test_one_example_does_not_depend_on_the_rest_of_the_batch():
     x = torch.randn(4, 8)
     other = torch.cat([x[:1], torch.randn(3, 8) * 10])
     assert torch.allclose(ln(x)[0], ln(other)[0])
+
+
+def test_fused_is_the_default_and_both_paths_agree_forward_and_backward():
+    assert LayerNorm.fused is True  # what every model of the course runs
+    ln, _ = pair(48, torch.float64, seed=3)
+    x = torch.randn(3, 7, 48, dtype=torch.float64, requires_grad=True) * 4 - 1
+    upstream = torch.randn(3, 7, 48, dtype=torch.float64)
+    results = {}
+    for fused in (False, True):
+        ln.fused = fused
+        out = ln(x)
+        results[fused] = (out, *torch.autograd.grad((out * upstream).sum(), [x, ln.scale, ln.shift]))
+    for formula, kernel in zip(results[False], results[True]):
+        assert torch.allclose(formula, kernel, atol=1e-12, rtol=0), (formula - kernel).abs().max()
+
+
+def test_fused_path_is_taken_by_default(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda *args: calls.append(args) or args[0])
+    LayerNorm(4)(torch.randn(2, 4))
+    assert len(calls) == 1
+    off = LayerNorm(4)
+    off.fused = False
+    off(torch.randn(2, 4))
+    assert len(calls) == 1  # the step-by-step formula does not call it
+
+
+def test_mixed_dtypes_fall_back_to_the_formula():
+    ln, _ = pair(16, torch.float32, seed=4)  # float32 parameters
+    x = torch.randn(5, 16, dtype=torch.float64)
+    formula = LayerNorm(16)
+    formula.load_state_dict(ln.state_dict())
+    formula.fused = False
+    got = ln(x)  # F.layer_norm would refuse float64 x with float32 weights; the formula promotes
+    assert got.dtype == torch.float64
+    assert torch.equal(got, formula(x))
 
 
 @pytest.mark.parametrize("emb_dim", [0, -3])
