@@ -122,16 +122,16 @@ class TrainConfig:
         if self.warmup_steps >= self.total_steps:
             raise ValueError(f"warmup_steps {self.warmup_steps} must be < total_steps {self.total_steps}: "
                              "the warmup is the first part of the run")
-        for name in ("max_lr", "min_lr", "weight_decay", "grad_clip"):
+        for name in ("max_lr", "min_lr", "weight_decay"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not 0 < self.max_lr or self.min_lr > self.max_lr:
             raise ValueError(f"need 0 <= min_lr <= max_lr and max_lr > 0, got min_lr {self.min_lr} and "
                              f"max_lr {self.max_lr}")
-        if self.grad_clip == 0:
-            raise ValueError("grad_clip must be > 0: it is the largest gradient norm allowed "
-                             "(0 would zero every update; use math.inf for no clipping)")
+        if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) or not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be a number > 0, got {self.grad_clip!r}: it is the largest gradient "
+                             "norm allowed (0 would zero every update; use math.inf for no clipping)")
 
 
 def lr_at(step: int, tcfg: TrainConfig) -> float:

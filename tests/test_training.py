@@ -164,11 +164,16 @@ def test_lr_schedule_values():
     (dict(warmup_steps=1000), ValueError, r"warmup_steps 1000 must be < total_steps 1000"),
     (dict(max_lr=-1.0), ValueError, r"max_lr must be a finite number >= 0, got -1.0"),
     (dict(min_lr=1.0), ValueError, r"need 0 <= min_lr <= max_lr and max_lr > 0, got min_lr 1.0 and max_lr 0.004"),
-    (dict(grad_clip=0), ValueError, r"grad_clip must be > 0"),
+    (dict(grad_clip=0), ValueError, r"grad_clip must be a number > 0, got 0: it is the largest gradient norm"),
+    (dict(grad_clip=float("nan")), ValueError, r"grad_clip must be a number > 0, got nan"),
 ])
 def test_train_config_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         TrainConfig(**kwargs)
+
+
+def test_no_clipping_is_allowed():
+    assert TrainConfig(grad_clip=math.inf).grad_clip == math.inf
 
 
 def test_weight_decay_spares_biases_and_norms(corpus):
