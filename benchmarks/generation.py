@@ -1,6 +1,8 @@
 """Greedy generation with a KV cache: course_lib's generate vs Hugging Face's GPT2LMHeadModel.generate on the
 124M shape (random weights, the same in both), 200 new tokens from a short prompt, outputs asserted identical;
-plus the course's own speedup of the KV cache over re-reading the whole sequence every step.
+plus the course's own speedup of the KV cache over re-reading the whole sequence every step, and the
+weight-reading floor: one single-token nn.Linear call per weight matrix, the least any float32 decoder with these
+weights must do per new token (batch 1 is bound by memory bandwidth, not by arithmetic).
 
     python benchmarks/generation.py            # a few minutes on 2 cores
     python benchmarks/generation.py --quick    # smoke run
@@ -9,6 +11,7 @@ plus the course's own speedup of the KV cache over re-reading the whole sequence
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from common import (Run, build_pair, fmt_s, median, paired_ratio, parse_args, print_table, summarize,
@@ -19,6 +22,21 @@ from course_lib.tokenization import gpt2_tokenizer
 GOAL_VS_HF = 1.3  # course tokens/s over HF tokens/s, at least
 GOAL_CACHE = 6.0  # course cached over uncached speed at 200 new tokens, at least
 PROMPT = "Every effort moves you"
+FLOOR_TOKENS = 20  # tokens' worth of weight reads per timed floor call
+
+
+def weight_read_floor(model: torch.nn.Module, tokens: int):
+    """A function that does, `tokens` times, one F.linear of a single token through every nn.Linear of the model
+    (the tied output head included): the weight reads of `tokens` decoding steps and nothing else."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m.in_features: torch.randn(1, m.in_features) for m in layers}  # (1, in_features)
+
+    def fn():
+        with torch.no_grad():
+            for _ in range(tokens):
+                for m in layers:
+                    F.linear(inputs[m.in_features], m.weight, m.bias)
+    return fn
 
 
 def main():
@@ -52,13 +70,16 @@ def main():
     if not torch.equal(outputs["course"], outputs["hf"]):
         differ = (outputs["course"] != outputs["hf"]).nonzero()
         raise AssertionError(f"course and HF greedy outputs differ from position {differ[0, 1].item()}")
-    timings = time_interleaved({"course": course_cached, "hf": hf_cached}, repeats=repeats, warmup=0)
+    floor = weight_read_floor(course, FLOOR_TOKENS)
+    timings = time_interleaved({"course": course_cached, "hf": hf_cached, "floor": floor}, repeats=repeats,
+                               warmup=0)
     times = timings.wall
     start, start_cpu = time.perf_counter(), time.process_time()  # once: it is the slow one
     assert torch.equal(course_uncached(), outputs["course"]), "the KV cache changed the greedy tokens"
     uncached, uncached_cpu = [time.perf_counter() - start], [time.process_time() - start_cpu]
 
-    tps = {k: new_tokens / median(v) for k, v in times.items()}
+    tps = {k: new_tokens / median(times[k]) for k in ("course", "hf")}
+    tps["weight_read_floor"] = FLOOR_TOKENS / median(times["floor"])
     tps["course_uncached"] = new_tokens / median(uncached)
     vs_hf = tps["course"] / tps["hf"]
     cache_speedup = tps["course"] / tps["course_uncached"]
@@ -68,10 +89,13 @@ def main():
         [f"HF generate, use_cache=True ({hf.config._attn_implementation})", fmt_s(median(times["hf"])),
          f"{tps['hf']:.1f}", ""],
         ["course generate, use_cache=False", fmt_s(median(uncached)), f"{tps['course_uncached']:.1f}", ""],
+        ["floor: weight reads only (nn.Linear, 1 token)", fmt_s(median(times["floor"]) / FLOOR_TOKENS * new_tokens),
+         f"{tps['weight_read_floor']:.1f}", "ceiling of the course"],
         ["course / HF tokens/s", "", f"{vs_hf:.2f}x", f">= {GOAL_VS_HF}: {'yes' if vs_hf >= GOAL_VS_HF else 'NO'}"],
         ["course cached / uncached", "", f"{cache_speedup:.2f}x",
          f">= {GOAL_CACHE}: {'yes' if cache_speedup >= GOAL_CACHE else 'NO'}"],
         ["course / HF, by CPU time", "", f"{cpu_vs_hf:.2f}x", "load-proof with 1 thread"],
+        ["floor / HF tokens/s", "", f"{tps['weight_read_floor'] / tps['hf']:.2f}x", "the most course / HF can be"],
     ]
     print_table(["variant", "time", "tokens/s", "goal"], rows,
                 title=f"greedy generation, {torch.get_num_threads()} threads, emb {emb_dim} / {n_layers} layers, "
@@ -86,6 +110,10 @@ def main():
         "hf": summarize(times["hf"], timings.cpu["hf"]),
         "course_uncached": summarize(uncached, uncached_cpu), "tokens_per_s": tps,
         "cpu_ratio_course_over_hf_tokens_per_s": cpu_vs_hf,
+        "weight_read_floor": {**summarize(times["floor"], timings.cpu["floor"]), "tokens_per_call": FLOOR_TOKENS,
+                              "bytes_per_token": sum(p.numel() * p.element_size() for m in course.modules()
+                                                     if isinstance(m, torch.nn.Linear) for p in m.parameters())},
+        "ratio_floor_over_hf_tokens_per_s": tps["weight_read_floor"] / tps["hf"],
         "ratio_course_over_hf_tokens_per_s": vs_hf,
         "paired_ratio": paired_ratio(times["hf"], times["course"]),
         "cache_speedup": cache_speedup,
