@@ -12,6 +12,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,6 +244,29 @@ def build_pair(emb_dim: int, n_layers: int, n_heads: int, context_length: int, v
     assert course.out_head.weight is course.embedding.tok_emb.weight, "the course model should be tied like HF"
     assert hf.lm_head.weight is hf.transformer.wte.weight
     return course, hf
+
+
+@contextmanager
+def step_by_step_layers():
+    """Inside the with-block, course_lib's LayerNorm and GELU run their step-by-step formulas (fused = False),
+    as the course did before they called F.layer_norm and F.gelu: the "before" of that change."""
+    from course_lib.feedforward import GELU
+    from course_lib.normalization import LayerNorm
+
+    saved = LayerNorm.fused, GELU.fused
+    LayerNorm.fused = GELU.fused = False
+    try:
+        yield
+    finally:
+        LayerNorm.fused, GELU.fused = saved
+
+
+def step_by_step(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn, run with step_by_step_layers()."""
+    def wrapped():
+        with step_by_step_layers():
+            return fn()
+    return wrapped
 
 
 def count_params(model: torch.nn.Module) -> int:
