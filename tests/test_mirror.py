@@ -216,12 +216,16 @@ def test_course_obeys_the_mirror_rule():
 
 # The checker itself, on a tiny course written to a temporary folder: it must be able to fail.
 
+def write_notebook(path: Path, cells: list[str]) -> None:
+    notebook = {"cells": [{"cell_type": "code", "source": s, "metadata": {}, "outputs": []} for s in cells],
+                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(notebook))
+
+
 def write_course(root: Path, cells: list[str], module: str) -> None:
     (root / "notebooks").mkdir()
     (root / "course_lib").mkdir()
-    notebook = {"cells": [{"cell_type": "code", "source": s, "metadata": {}, "outputs": []} for s in cells],
-                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    (root / "notebooks" / "00_demo.ipynb").write_text(json.dumps(notebook))
+    write_notebook(root / "notebooks" / "00_demo.ipynb", cells)
     (root / "course_lib" / "demo.py").write_text(module)
 
 
@@ -260,6 +264,18 @@ def test_checker_rejects_a_redefinition_outside_the_export_cell(tmp_path):
     write_course(tmp_path, cells, "import math\n\n\ndef area(r):\n    return math.pi * r**2\n")
     [problem] = mirror_problems(tmp_path)
     assert problem.startswith("notebooks/00_demo.ipynb cell 3: defines `area` outside its `#| export` cell")
+
+
+@pytest.mark.parametrize("exported", [False, True], ids=["plain cell", "export cell"])
+def test_checker_rejects_a_later_notebook_redefining_an_earlier_export(tmp_path, exported):
+    write_course(tmp_path, CELLS, "import math\n\n\ndef area(r):\n    return math.pi * r**2\n")
+    redefinition = "def area(r):\n    return 0"
+    write_notebook(tmp_path / "notebooks" / "01_later.ipynb",
+                   ["#| default_exp later", ("#| export\n" if exported else "") + redefinition])
+    (tmp_path / "course_lib" / "later.py").write_text(redefinition + "\n" if exported else "")
+    [problem] = mirror_problems(tmp_path)
+    assert problem.startswith("notebooks/01_later.ipynb cell 1: redefines `area`, exported earlier by "
+                              "notebooks/00_demo.ipynb cell 1"), problem
 
 
 def test_checker_rejects_a_module_without_notebook_except_the_checks(tmp_path):
