@@ -51,3 +51,20 @@ def test_notebook_has_current_slide_metadata_and_converts(path):
     assert title in html.unescape(re.sub(r"<[^>]+>", "", deck)), f"{path.name}: the deck lost its title"
     # reveal.js nests a <section> per slide and one per sub-slide inside it
     assert len(re.findall(r"<section", deck)) >= 2 * (len(sections) + 1)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_section_heading_opens_its_own_cell(path):
+    """A slide starts at a cell, so a `#`/`##` heading in the middle of a markdown cell would be buried in the
+    previous slide: split the cell at the heading."""
+    buried = []
+    for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type != "markdown":
+            continue
+        in_fence = False
+        for number, line in enumerate(cell.source.splitlines()):
+            if line.lstrip().startswith("```"):
+                in_fence = not in_fence
+            elif number > 0 and not in_fence and line.startswith(("# ", "## ")):
+                buried.append(f"cell {index}: {line!r}")
+    assert not buried, f"{path.name}: headings inside a cell, not at its start: {buried}"
