@@ -41,8 +41,8 @@ def main():
                             help="one of train_step.py's sizes")
 
     args = parse_args(__doc__, extra)
-    run = Run("profile_train_step", args)
     name = next(iter(QUICK_SIZES)) if args.quick else args.size
+    run = Run(f"profile_train_step_{name.split()[0]}", args)  # one JSON file per size
     emb_dim, n_layers, n_heads, context_length, batch, tokens = {**SIZES, **QUICK_SIZES}[name]
     repeats = args.repeats or (1 if args.quick else 3)
     course, hf = build_pair(emb_dim, n_layers, n_heads, context_length)
