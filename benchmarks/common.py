@@ -261,6 +261,13 @@ def step_by_step_layers():
         LayerNorm.fused, GELU.fused = saved
 
 
+def step_by_step_option(parser: argparse.ArgumentParser) -> None:
+    """The --also-step-by-step flag of the train_step and generation benchmarks (an `extra` for parse_args)."""
+    parser.add_argument("--also-step-by-step", action="store_true",
+                        help="also time the course with LayerNorm and GELU running their step-by-step formulas "
+                             "(fused=False), as before they called F.layer_norm and F.gelu")
+
+
 def step_by_step(fn: Callable[[], object]) -> Callable[[], object]:
     """fn, run with step_by_step_layers()."""
     def wrapped():

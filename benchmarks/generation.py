@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig
 
 from common import (Run, build_pair, fmt_s, median, paired_ratio, parse_args, print_table, step_by_step,
-                    summarize, time_interleaved)
+                    step_by_step_option, summarize, time_interleaved)
 from course_lib.generation import generate
 from course_lib.tokenization import gpt2_tokenizer
 
@@ -41,12 +41,7 @@ def weight_read_floor(model: torch.nn.Module, tokens: int):
 
 
 def main():
-    def extra(parser):
-        parser.add_argument("--also-step-by-step", action="store_true",
-                            help="also time the course's generate with LayerNorm and GELU running the step-by-step "
-                                 "formulas (fused=False), as before they called F.layer_norm and F.gelu")
-
-    args = parse_args(__doc__, extra)
+    args = parse_args(__doc__, step_by_step_option)
     run = Run("generation" + ("_step_by_step" if args.also_step_by_step else ""), args)
     if args.quick:
         shape, new_tokens, repeats = (64, 2, 4, 256), 20, args.repeats or 2

@@ -12,7 +12,8 @@ import math
 import torch
 
 from common import (Run, build_pair, count_params, course_logits, fmt_s, hf_logits, make_train_step, median,
-                    paired_ratio, parse_args, print_table, random_batch, step_by_step, summarize, time_interleaved)
+                    paired_ratio, parse_args, print_table, random_batch, step_by_step, step_by_step_option, summarize,
+                    time_interleaved)
 
 GOAL = 0.9  # course time / HF time must be at most this
 
@@ -24,12 +25,7 @@ QUICK_SIZES = {"tiny (emb 64, 2 layers)": (64, 2, 4, 64, 2, 32)}
 
 
 def main():
-    def extra(parser):
-        parser.add_argument("--also-step-by-step", action="store_true",
-                            help="also time a copy of the course model whose LayerNorm and GELU run the step-by-step "
-                                 "formulas (fused=False), as before they called F.layer_norm and F.gelu")
-
-    args = parse_args(__doc__, extra)
+    args = parse_args(__doc__, step_by_step_option)
     run = Run("train_step" + ("_step_by_step" if args.also_step_by_step else ""), args)
     sizes = QUICK_SIZES if args.quick else SIZES
     repeats = args.repeats or (2 if args.quick else 5)
