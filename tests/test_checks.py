@@ -667,6 +667,8 @@ def test_planted_bug_count():
               ATTENTION_BUGS, MULTIHEAD_BUGS, BLOCK_BUGS, MODEL_BUGS, TEMPERATURE_BUGS, TOP_K_BUGS, TOP_P_BUGS,
               LOSS_BUGS)
     assert sum(len(t) for t in tables) >= 30
+    # bugs that look alike from outside may share a message, but the course names at least 20 different ones
+    assert len({message for t in tables for message in t.values()}) >= 20
 
 
 def test_checks_leave_the_callers_random_state_alone():
