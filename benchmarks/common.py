@@ -276,6 +276,19 @@ def step_by_step(fn: Callable[[], object]) -> Callable[[], object]:
     return wrapped
 
 
+def hf_greedy(hf, prompt: torch.Tensor, new_tokens: int) -> Callable[[], torch.Tensor]:
+    """A function running Hugging Face's greedy generate with its KV cache, exactly new_tokens tokens (no eos
+    stop, like the course's generate without eos_id): (1, prompt tokens) -> (1, prompt tokens + new_tokens)."""
+    from transformers import GenerationConfig
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, use_cache=True, eos_token_id=None,
+                              pad_token_id=None)
+
+    def run():
+        with torch.no_grad():
+            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    return run
+
+
 def count_params(model: torch.nn.Module) -> int:
     """Distinct parameters (a tied matrix counts once)."""
     return sum(p.numel() for p in model.parameters())

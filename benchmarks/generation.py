@@ -13,9 +13,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationConfig
-
-from common import (Run, build_pair, fmt_s, median, paired_ratio, parse_args, print_table, step_by_step,
+from common import (Run, build_pair, fmt_s, hf_greedy, median, paired_ratio, parse_args, print_table, step_by_step,
                     step_by_step_option, summarize, time_interleaved)
 from course_lib.generation import generate
 from course_lib.tokenization import gpt2_tokenizer
@@ -59,12 +57,7 @@ def main():
 
     # Greedy, KV cache, exactly new_tokens tokens and no end-of-text handling, like the course's call above
     # (eos_token_id=None: no stopping criterion and no min-length logits processor, which would be extra work).
-    hf_config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, use_cache=True, eos_token_id=None,
-                                 pad_token_id=None)
-
-    def hf_cached():
-        with torch.no_grad():
-            return hf.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=hf_config)
+    hf_cached = hf_greedy(hf, prompt, new_tokens)
 
     outputs = {"course": course_cached(), "hf": hf_cached()}  # also the warm-up
     assert outputs["course"].shape == (1, prompt.shape[1] + new_tokens), outputs["course"].shape

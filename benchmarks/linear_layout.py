@@ -18,8 +18,10 @@ import copy
 import torch
 from torch import nn
 
-from common import Run, build_pair, fmt_s, median, parse_args, print_table, summarize, time_interleaved
+from common import Run, build_pair, fmt_s, hf_greedy, median, parse_args, print_table, summarize, time_interleaved
 from course_lib.generation import generate
+from course_lib.tokenization import gpt2_tokenizer
+from generation import PROMPT
 
 
 class InOutLinear(nn.Module):
@@ -54,12 +56,11 @@ def main():
     repeats = args.repeats or (2 if args.quick else 5)
     course, hf = build_pair(*shape)
     in_out = with_in_out_layout(course)
-    prompt = torch.tensor([[6109, 3626, 6100, 345]])  # "Every effort moves you"
+    prompt = torch.tensor([gpt2_tokenizer().encode(PROMPT)])  # (1, prompt tokens)
     fns = {
         "course": lambda: generate(course, prompt, max_new_tokens=new_tokens),
         "course, (in,out) layout": lambda: generate(in_out, prompt, max_new_tokens=new_tokens),
-        "hf": lambda: hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                  max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=50256),
+        "hf": hf_greedy(hf, prompt, new_tokens),
     }
     outputs = {name: fn() for name, fn in fns.items()}
     assert all(torch.equal(out, outputs["hf"]) for out in outputs.values()), "the three must generate the same tokens"
