@@ -4,7 +4,9 @@ Every learner-style implementation below is written independently of course_lib 
 None is correct; any other value plants one named mistake, which its check must report."""
 
 import functools
+import importlib
 import math
+import pkgutil
 
 import pytest
 import torch
@@ -15,6 +17,10 @@ from course_lib import checks
 from course_lib.attention import CausalAttention, MultiHeadAttention
 from course_lib.block import TransformerBlock
 from course_lib.checks import CheckFailed
+from course_lib.checks import block as block_checks
+from course_lib.checks import generation as generation_checks
+from course_lib.checks import model as model_checks
+from course_lib.checks.training import reference_next_token_loss
 from course_lib.embeddings import GPTEmbedding
 from course_lib.feedforward import GELU, FeedForward
 from course_lib.generation import scale_logits, top_k_filter, top_p_filter
@@ -653,7 +659,7 @@ LOSS_BUGS = {"not_shifted": "targets are not shifted", "softmax_first": "softmax
 
 
 def test_loss_passes(capsys):
-    passes(checks.check_next_token_loss, checks.reference_next_token_loss, capsys, "F.cross_entropy")
+    passes(checks.check_next_token_loss, reference_next_token_loss, capsys, "F.cross_entropy")
     passes(checks.check_next_token_loss, my_loss, capsys, "F.cross_entropy")
 
 
@@ -662,13 +668,40 @@ def test_loss_bugs(bug):
     fails(checks.check_next_token_loss, functools.partial(my_loss, bug=bug), LOSS_BUGS[bug])
 
 
+# Each table above with the number of bugs it plants today: a table that loses entries fails the count below.
+PLANTED = {"MERGE_BUGS": (MERGE_BUGS, 6), "SINUSOIDAL_BUGS": (SINUSOIDAL_BUGS, 5),
+           "EMBEDDING_BUGS": (EMBEDDING_BUGS, 6), "LAYERNORM_BUGS": (LAYERNORM_BUGS, 9), "GELU_BUGS": (GELU_BUGS, 6),
+           "FEEDFORWARD_BUGS": (FEEDFORWARD_BUGS, 5), "ATTENTION_BUGS": (ATTENTION_BUGS, 8),
+           "MULTIHEAD_BUGS": (MULTIHEAD_BUGS, 7), "BLOCK_BUGS": (BLOCK_BUGS, 7), "MODEL_BUGS": (MODEL_BUGS, 6),
+           "TEMPERATURE_BUGS": (TEMPERATURE_BUGS, 4), "TOP_K_BUGS": (TOP_K_BUGS, 6), "TOP_P_BUGS": (TOP_P_BUGS, 4),
+           "LOSS_BUGS": (LOSS_BUGS, 7)}
+
+
 def test_planted_bug_count():
-    tables = (MERGE_BUGS, SINUSOIDAL_BUGS, EMBEDDING_BUGS, LAYERNORM_BUGS, GELU_BUGS, FEEDFORWARD_BUGS,
-              ATTENTION_BUGS, MULTIHEAD_BUGS, BLOCK_BUGS, MODEL_BUGS, TEMPERATURE_BUGS, TOP_K_BUGS, TOP_P_BUGS,
-              LOSS_BUGS)
+    shrunk = {name: f"{len(table)} < {floor}" for name, (table, floor) in PLANTED.items() if len(table) < floor}
+    assert not shrunk, f"planted-bug tables lost entries: {shrunk}"
+    tables = [table for table, _ in PLANTED.values()]
     assert sum(len(t) for t in tables) >= 30
     # bugs that look alike from outside may share a message, but the course names at least 20 different ones
     assert len({message for t in tables for message in t.values()}) >= 20
+    # the checks' own tables of known mistakes, one per lesson file that keeps one
+    for name, table, floor in (("block.BLOCK_BUGS", block_checks.BLOCK_BUGS, 9),
+                               ("model.MODEL_BUGS", model_checks.MODEL_BUGS, 5),
+                               ("generation.TOP_P_BUGS", generation_checks.TOP_P_BUGS, 5)):
+        assert len(table) >= floor, f"course_lib.checks.{name} lost entries: {len(table)} < {floor}"
+
+
+def test_the_package_exports_the_check_of_every_lesson_file():
+    """Every check (a function wrapped by isolated_rng) of every file of course_lib.checks is in its __all__."""
+    found = {}
+    for info in pkgutil.iter_modules(checks.__path__):
+        module = importlib.import_module(f"{checks.__name__}.{info.name}")
+        found.update({name: value for name, value in vars(module).items() if name.startswith("check_")
+                      and hasattr(value, "__wrapped__") and value.__module__ == module.__name__})
+    assert len(found) == 15, sorted(found)
+    assert sorted(checks.__all__) == sorted([*found, "CheckFailed"])
+    assert all(getattr(checks, name) is check for name, check in found.items())
+    assert checks.CheckFailed is importlib.import_module("course_lib.checks.core").CheckFailed
 
 
 def test_checks_leave_the_callers_random_state_alone():

@@ -1,0 +1,30 @@
+"""The exercise checks: course infrastructure, not a lesson.
+
+Each check_* function grades a learner's code against the lesson modules of course_lib, names the most likely
+mistake when the code is off, and prints one line when all is well. There is one file per lesson module, named
+after it (tokenization.py checks the exercises of notebook 01, ...); core.py holds what they share.
+"""
+
+from .attention import check_causal_attention, check_multihead_attention
+from .block import check_transformer_block
+from .core import CheckFailed
+from .embeddings import check_gpt_embedding, check_sinusoidal_table
+from .feedforward import check_feedforward, check_gelu
+from .generation import check_temperature, check_top_k, check_top_p
+from .model import check_gpt_model
+from .normalization import check_layernorm
+from .tokenization import check_count_pairs, check_merge_pair
+from .training import check_next_token_loss
+
+__all__ = [
+    "CheckFailed",
+    "check_merge_pair", "check_count_pairs",  # 01 tokenization
+    "check_sinusoidal_table", "check_gpt_embedding",  # 02 embeddings
+    "check_layernorm",  # 03 layernorm
+    "check_gelu", "check_feedforward",  # 04 gelu, feedforward
+    "check_causal_attention", "check_multihead_attention",  # 05 attention
+    "check_transformer_block",  # 06 transformer block
+    "check_gpt_model",  # 07 gpt model
+    "check_temperature", "check_top_k", "check_top_p",  # 08 generation
+    "check_next_token_loss",  # 09 training
+]

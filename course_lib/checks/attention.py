@@ -1,0 +1,251 @@
+"""The checks of the exercises in notebooks/05_attention.ipynb."""
+
+import functools
+import inspect
+import math
+
+import torch
+from torch import Tensor, nn
+
+from course_lib.attention import CausalAttention, MultiHeadAttention
+
+from .core import Checker, build, compare, isolated_rng, require_class, require_function
+
+
+def attend(q, k, v, scale, mask="causal", softmax_dim=-1):
+    """Attention with a deliberate choice of scale, mask and softmax dimension; q, k, v: (..., tokens, d)."""
+    n = q.shape[-2]
+    ones = torch.ones(n, n, dtype=torch.bool, device=q.device)
+    masks = {"causal": torch.triu(ones, 1), "diagonal": torch.triu(ones, 0), "one_ahead": torch.triu(ones, 2),
+             "past": torch.tril(ones, -1)}
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., tokens, tokens)
+    if mask in masks:
+        weights = torch.softmax(scores.masked_fill(masks[mask], float("-inf")), dim=softmax_dim)
+    elif mask == "zero":
+        weights = torch.softmax(scores.masked_fill(masks["causal"], 0.0), dim=softmax_dim)
+    elif mask == "after_softmax":
+        weights = torch.softmax(scores, dim=softmax_dim).masked_fill(masks["causal"], 0.0)
+    elif mask == "after_softmax_inf":
+        weights = torch.softmax(scores, dim=softmax_dim).masked_fill(masks["causal"], float("-inf"))
+    else:  # "none"
+        weights = torch.softmax(scores, dim=softmax_dim)
+    return weights @ v
+
+
+def attention_variants(core, d_k: int, others: dict[str, int]):
+    """Known mistakes of scaled causal attention; core(scale=..., mask=..., softmax_dim=...) computes one."""
+    found = [
+        ("the mask is applied after the softmax, so the weights of the past do not sum to 1 and the future "
+         "still shapes them: mask the scores with -inf, then take the softmax", lambda: core(mask="after_softmax")),
+        ("the mask is applied after the softmax: mask the scores with -inf, then take the softmax",
+         lambda: core(mask="after_softmax_inf")),
+        ("no causal mask: every token sees the future; fill the scores above the diagonal with -inf "
+         "(torch.triu(..., diagonal=1)) before the softmax", lambda: core(mask="none")),
+        ("the mask is off by one: it also hides the diagonal, so a token cannot see itself (and the first row "
+         "is all -inf, NaN); use torch.triu(..., diagonal=1)", lambda: core(mask="diagonal")),
+        ("the mask is off by one: each token also sees the next one; use torch.triu(..., diagonal=1)",
+         lambda: core(mask="one_ahead")),
+        ("the mask hides the past instead of the future: use torch.triu(..., diagonal=1), not torch.tril",
+         lambda: core(mask="past")),
+        ("masked scores are set to 0 instead of -inf, and exp(0) = 1 still gives the future a weight: use "
+         "masked_fill(mask, float('-inf'))", lambda: core(mask="zero")),
+        ("the softmax runs over the wrong dimension (the queries): use torch.softmax(scores, dim=-1), so each "
+         "query's weights over the keys sum to 1", lambda: core(softmax_dim=-2)),
+        ("the 1/sqrt(d_k) scaling is missing: divide the scores by sqrt(d_k) (the keys' last dimension) before "
+         "the softmax", lambda: core(scale=1.0)),
+        ("the scores are divided by d_k instead of sqrt(d_k)", lambda: core(scale=1 / d_k)),
+        ("the scores are multiplied by sqrt(d_k) instead of divided", lambda: core(scale=math.sqrt(d_k))),
+    ]
+    for what, size in others.items():
+        found.append((f"the scores are divided by sqrt({what}) = sqrt({size}); divide by sqrt(d_k), the size of "
+                      f"one key vector ({d_k})", lambda s=size: core(scale=1 / math.sqrt(s))))
+    return found
+
+
+@isolated_rng
+def check_causal_attention(learner_impl) -> None:
+    """Check causal self-attention from notebook 05, given either
+
+    * a function `my_attention(queries, keys, values)` on float tensors (batch, tokens, d_k) that returns the
+      context vectors (batch, tokens, d_k), or
+    * a class like course_lib.attention.CausalAttention: MyCausalAttention(d_in, d_out, context_length, dropout,
+      qkv_bias=False) with nn.Linear layers W_query, W_key, W_value, and forward(x): (batch, tokens, d_in) ->
+      (batch, tokens, d_out).
+
+    Compared with course_lib.attention.CausalAttention (scale by 1/sqrt(d_k), mask the future with -inf,
+    softmax over the keys, weighted sum of the values)."""
+    ck = Checker("check_causal_attention")
+    fallback = ("follow the order scores = queries @ keys.transpose(-2, -1) -> divide by sqrt(d_k) -> "
+                "masked_fill(future, -inf) -> softmax(dim=-1) -> @ values")
+    batch, tokens, d_k = 2, 5, 4
+    with torch.no_grad():
+        if inspect.isclass(learner_impl):
+            require_class(ck, learner_impl, "MyCausalAttention(d_in, d_out, context_length, dropout)")
+            d_in, context_length = 6, 8
+            mine = build(ck, learner_impl, d_in, d_k, context_length, 0.0,
+                         signature="MyCausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)")
+            ref = CausalAttention(d_in, d_k, context_length, 0.0).double().eval()
+            for name in ("W_query", "W_key", "W_value"):
+                layer = getattr(mine, name, None)
+                if not isinstance(layer, nn.Linear) or tuple(layer.weight.shape) != (d_k, d_in):
+                    ck.fail(f"your class has no nn.Linear {name} mapping d_in -> d_out",
+                            f"name the projections as in the lesson: self.{name} = nn.Linear(d_in, d_out, "
+                            "bias=qkv_bias)")
+                if layer.bias is not None:
+                    ck.fail(f"{name} has a bias although qkv_bias is False",
+                            f"pass the flag on: self.{name} = nn.Linear(d_in, d_out, bias=qkv_bias)")
+            mine = mine.double().eval()
+            for name in ("W_query", "W_key", "W_value"):
+                getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
+            ck.ok()
+            others = {"d_in": d_in, "tokens": tokens}
+
+            def run(x):
+                return ck.call(f"forward on x of shape {tuple(x.shape)}", mine, x)
+
+            def qkv(x):
+                return ref.W_query(x), ref.W_key(x), ref.W_value(x)
+        else:
+            require_function(ck, learner_impl, "my_attention(queries, keys, values)")
+            # The reference on given queries/keys/values: a CausalAttention whose projections pick them out of
+            # x = [queries | keys | values].
+            d_in = 3 * d_k
+            ref = CausalAttention(d_in, d_k, tokens, 0.0).double().eval()
+            eye = torch.eye(d_k, dtype=torch.float64)
+            for i, name in enumerate(("W_query", "W_key", "W_value")):
+                weight = torch.zeros(d_k, d_in, dtype=torch.float64)
+                weight[:, i * d_k:(i + 1) * d_k] = eye
+                getattr(ref, name).weight.copy_(weight)
+            others = {"tokens": tokens}
+
+            def qkv(x):
+                return x[..., :d_k], x[..., d_k:2 * d_k], x[..., 2 * d_k:]
+
+            def run(x):
+                q, k, v = (t.clone() for t in qkv(x))
+                return ck.call(f"my_attention on queries, keys and values of shape {tuple(q.shape)}",
+                               learner_impl, q, k, v)
+
+        for x, situation in ((torch.randn(batch, tokens, d_in, dtype=torch.float64), f"on a batch of {batch} "
+                              f"sequences of {tokens} tokens"),
+                             (torch.randn(1, 1, d_in, dtype=torch.float64), "on one token")):
+            q, k, v = qkv(x)
+
+            def core(scale=1 / math.sqrt(d_k), mask="causal", softmax_dim=-1, q=q, k=k, v=v):
+                return attend(q, k, v, scale, mask, softmax_dim)
+
+            compare(ck, run(x), ref(x), attention_variants(core, d_k, others), situation, fallback)
+        # The future must not leak: changing the last token must leave every earlier output as it was.
+        x = torch.randn(1, tokens, d_in, dtype=torch.float64)
+        changed = x.clone()
+        changed[:, -1] += 10 * torch.randn(d_in, dtype=torch.float64)
+        before, after = run(x), run(changed)
+        if not torch.allclose(before[:, :-1], after[:, :-1], atol=1e-8, rtol=1e-6):
+            ck.fail("changing only the last token changes the outputs of earlier tokens: the future leaks",
+                    "the causal mask is missing or applied in the wrong place; mask the scores above the diagonal "
+                    "with -inf before the softmax")
+        ck.ok()
+    ck.done("Your causal attention matches course_lib's CausalAttention: scale, mask, softmax, weighted sum.")
+
+
+def mha_variant(ref: MultiHeadAttention, x: Tensor, split="heads", merge="heads", num_heads=None, scale=None,
+                mask="causal", softmax_dim=-1, out_proj=True) -> Tensor:
+    """Multi-head attention with ref's weights and one deliberate choice of how heads are split and merged."""
+    batch, tokens, _ = x.shape
+    heads = ref.num_heads if num_heads is None else num_heads
+    head_dim = ref.d_out // heads
+
+    def split_heads(t):  # (batch, tokens, d_out) -> (batch, heads, tokens, head_dim)
+        if split == "no_transpose":
+            return t.reshape(batch, heads, tokens, head_dim)
+        if split == "interleaved":
+            return t.view(batch, tokens, head_dim, heads).permute(0, 3, 1, 2)
+        return t.view(batch, tokens, heads, head_dim).transpose(1, 2)
+
+    q, k, v = (split_heads(layer(x)) for layer in (ref.W_query, ref.W_key, ref.W_value))
+    context = attend(q, k, v, 1 / math.sqrt(head_dim) if scale is None else scale, mask, softmax_dim)  # (batch, heads, tokens, hd)
+    if merge == "no_transpose":
+        merged = context.reshape(batch, tokens, ref.d_out)
+    elif merge == "interleaved":
+        merged = context.permute(0, 2, 3, 1).reshape(batch, tokens, ref.d_out)
+    else:
+        merged = context.transpose(1, 2).reshape(batch, tokens, ref.d_out)
+    return ref.out_proj(merged) if out_proj else merged
+
+
+@isolated_rng
+def check_multihead_attention(learner_impl) -> None:
+    """Check `learner_impl`, fused causal multi-head attention from notebook 05.
+
+    learner_impl(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False), like
+    course_lib.attention.MultiHeadAttention, holds nn.Linear layers W_query, W_key, W_value (d_in -> d_out) and
+    out_proj (d_out -> d_out); forward(x) maps (batch, tokens, d_in) to (batch, tokens, d_out), splitting d_out
+    into num_heads heads of d_out // num_heads dimensions."""
+    ck = Checker("check_multihead_attention")
+    require_class(ck, learner_impl, "MyMultiHeadAttention(d_in, d_out, context_length, dropout, num_heads)")
+    d_in, d_out, context_length, num_heads = 6, 8, 8, 2
+    head_dim = d_out // num_heads
+    mine = build(ck, learner_impl, d_in, d_out, context_length, 0.0, num_heads,
+                 signature="MyMultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)")
+    ref = MultiHeadAttention(d_in, d_out, context_length, 0.0, num_heads).double().eval()
+    for name, shape in (("W_query", (d_out, d_in)), ("W_key", (d_out, d_in)), ("W_value", (d_out, d_in)),
+                        ("out_proj", (d_out, d_out))):
+        layer = getattr(mine, name, None)
+        if not isinstance(layer, nn.Linear):
+            if name == "out_proj":
+                ck.fail("your class has no out_proj layer",
+                        "out_proj is missing: after merging the heads, mix them with self.out_proj = "
+                        "nn.Linear(d_out, d_out)")
+            ck.fail(f"your class has no nn.Linear called {name}",
+                    f"name the layers as in the lesson: self.{name} = nn.Linear(d_in, d_out, bias=qkv_bias)")
+        if tuple(layer.weight.shape) != shape:
+            ck.fail(f"{name} has weight shape {tuple(layer.weight.shape)}, expected {shape}",
+                    f"{name} maps {shape[1]} -> {shape[0]} features: all heads together are d_out wide, each "
+                    "head gets d_out // num_heads of them")
+        if (layer.bias is None) != (getattr(ref, name).bias is None):
+            ck.fail(f"{name} {'has no' if layer.bias is None else 'has a'} bias",
+                    "W_query, W_key and W_value take bias=qkv_bias (False by default); out_proj keeps its bias")
+    ck.ok()
+    mine = mine.double().eval()
+    with torch.no_grad():
+        for name in ("W_query", "W_key", "W_value", "out_proj"):
+            getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
+        split_bug = ("heads are split along the wrong axis: t.view(batch, num_heads, tokens, head_dim) without a "
+                     "transpose mixes tokens into heads; use t.view(batch, tokens, num_heads, head_dim).transpose(1, 2)")
+        interleave_bug = ("heads are split along the wrong axis: view(batch, tokens, head_dim, num_heads) gives head h "
+                          "the features h, h + num_heads, ...; use view(batch, tokens, num_heads, head_dim)"
+                          ".transpose(1, 2)")
+        merge_bug = ("the heads are merged without transposing back: use context.transpose(1, 2).reshape(batch, "
+                     "tokens, d_out) (or .contiguous().view(...))")
+        for x, situation in ((torch.randn(2, 5, d_in, dtype=torch.float64), "on a batch of 2 sequences of 5 tokens"),
+                             (torch.randn(1, 1, d_in, dtype=torch.float64), "on one token")):
+            v = functools.partial(mha_variant, ref, x)
+            variants = [
+                ("out_proj is missing (or not applied): after merging the heads, return self.out_proj(context)",
+                 lambda: v(out_proj=False)),
+                (split_bug, lambda: v(split="no_transpose", merge="no_transpose")),
+                (split_bug, lambda: v(split="no_transpose")),
+                (interleave_bug, lambda: v(split="interleaved", merge="interleaved")),
+                (interleave_bug, lambda: v(split="interleaved")),
+                (merge_bug, lambda: v(merge="no_transpose")),
+                ("the scores are divided by sqrt(d_out); each head's dot products have head_dim terms, so divide "
+                 "by sqrt(head_dim) = sqrt(d_out // num_heads)", lambda: v(scale=1 / math.sqrt(d_out))),
+                ("num_heads is ignored: the layer computes one big head; split d_out into num_heads heads of "
+                 "head_dim each", lambda: v(num_heads=1)),
+                *attention_variants(lambda scale=1 / math.sqrt(head_dim), mask="causal", softmax_dim=-1:
+                                    v(scale=scale, mask=mask, softmax_dim=softmax_dim), head_dim,
+                                    {"d_in": d_in, "tokens": x.shape[1]}),
+            ]
+            got = ck.call(f"forward {situation}", mine, x)
+            compare(ck, got, ref(x), variants, situation,
+                    "split with view(batch, tokens, num_heads, head_dim).transpose(1, 2), attend per head, merge "
+                    "with transpose(1, 2).reshape(batch, tokens, d_out), then out_proj")
+        x = torch.randn(1, 5, d_in, dtype=torch.float64)
+        changed = x.clone()
+        changed[:, -1] += 10 * torch.randn(d_in, dtype=torch.float64)
+        if not torch.allclose(mine(x)[:, :-1], mine(changed)[:, :-1], atol=1e-8, rtol=1e-6):
+            ck.fail("changing only the last token changes the outputs of earlier tokens: the future leaks",
+                    "the causal mask is missing or misplaced; mask each head's scores above the diagonal with -inf "
+                    "before the softmax")
+        ck.ok()
+    ck.done("Your multi-head attention matches course_lib's MultiHeadAttention: split, attend, merge, project.")
