@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .guards import check_bool, check_int, check_number
+
 # %% ../notebooks/00_overview.ipynb #cf960a68
 @dataclass(frozen=True)
 class GPTConfig:
@@ -20,25 +22,19 @@ class GPTConfig:
     n_layers: int = 12  # transformer blocks
     drop_rate: float = 0.1  # dropout probability during training
     qkv_bias: bool = True  # bias terms in the query/key/value projections
+    tie_weights: bool = True  # the output head reuses the token embedding matrix, as in GPT-2
 
     def __post_init__(self):
         for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            check_int(name, getattr(self, name), minimum=1)
         if self.emb_dim % self.n_heads != 0:
             raise ValueError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}: "
                              f"each head gets emb_dim / n_heads dimensions, so pick n_heads among the "
                              f"divisors of {self.emb_dim}")
-        if not isinstance(self.drop_rate, (int, float)) or isinstance(self.drop_rate, bool):
-            raise TypeError(f"drop_rate must be a float, got {self.drop_rate!r} ({type(self.drop_rate).__name__})")
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ValueError(f"drop_rate must be in [0, 1), got {self.drop_rate}: it is the probability "
-                             "of zeroing an activation (0 turns dropout off, 1 would zero them all)")
-        if not isinstance(self.qkv_bias, bool):
-            raise TypeError(f"qkv_bias must be True or False, got {self.qkv_bias!r}")
+        check_number("drop_rate", self.drop_rate, 0, 1, high_open=True, why="it is the probability of zeroing "
+                     "an activation (0 turns dropout off, 1 would zero them all)")
+        check_bool("qkv_bias", self.qkv_bias)
+        check_bool("tie_weights", self.tie_weights)
 
 # %% ../notebooks/00_overview.ipynb #d2d08ced
 GPT2_CONFIGS = {

@@ -11,26 +11,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GPTConfig
+from .guards import check_activations, check_type
 
 # %% ../notebooks/04_gelu_feedforward.ipynb #6be3d048
 class GELU(nn.Module):
     """GELU in the tanh approximation GPT-2 was trained with (Hendrycks & Gimpel, 2016):
-    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))).
-
-    `fused` picks how: True (the default) calls F.gelu(x, approximate="tanh"), which evaluates this formula
-    in one pass over x; False runs the eight elementwise operations above one by one, each reading and
-    writing the whole tensor (and each kept for backward). Same numbers up to float rounding."""
-
-    fused = True  # class default, shared by every instance unless one sets its own
+    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))), computed by PyTorch's kernel F.gelu."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
-            raise TypeError(f"GELU expects a floating-point tensor, got "
-                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}: "
-                            "convert it with x.float()")
-        if self.fused:
-            return F.gelu(x, approximate="tanh")
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+        check_activations("x", x)  # any shape, floating point
+        return F.gelu(x, approximate="tanh")
 
 # %% ../notebooks/04_gelu_feedforward.ipynb #82ee2724
 class FeedForward(nn.Module):
@@ -38,22 +28,12 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        if not isinstance(cfg, GPTConfig):
-            raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}: build one with "
-                            "course_lib.config.GPTConfig(emb_dim=...) or take one from GPT2_CONFIGS")
+        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(emb_dim=...) or take one from GPT2_CONFIGS")
         self.emb_dim = cfg.emb_dim
-        self.layers = nn.Sequential(
-            nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim),  # expand: (..., emb_dim) -> (..., 4 * emb_dim)
-            GELU(),
-            nn.Linear(4 * cfg.emb_dim, cfg.emb_dim),  # project back: (..., 4 * emb_dim) -> (..., emb_dim)
-        )
+        self.fc = nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim)  # expand: (..., emb_dim) -> (..., 4 * emb_dim)
+        self.gelu = GELU()
+        self.proj = nn.Linear(4 * cfg.emb_dim, cfg.emb_dim)  # project back: (..., 4 * emb_dim) -> (..., emb_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
-            raise TypeError(f"FeedForward expects a floating-point tensor, got "
-                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}: "
-                            "pass the output of the embedding layer or a LayerNorm")
-        if x.dim() == 0 or x.shape[-1] != self.emb_dim:
-            raise ValueError(f"FeedForward was built for emb_dim {self.emb_dim} but got shape "
-                             f"{tuple(x.shape)}: the input must be shaped (batch, tokens, {self.emb_dim})")
-        return self.layers(x)  # (batch, tokens, emb_dim)
+        check_activations("x", x, self.emb_dim)  # (batch, tokens, emb_dim)
+        return self.proj(self.gelu(self.fc(x)))  # (batch, tokens, emb_dim)

@@ -13,28 +13,25 @@ from .attention import KVCache
 from .block import TransformerBlock
 from .config import GPTConfig
 from .embeddings import GPTEmbedding
+from .guards import check_bool, check_int, check_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462
 class GPTModel(nn.Module):
     """GPT-2: embeddings -> n_layers transformer blocks -> final LayerNorm -> linear head to vocabulary logits.
 
-    tie_weights=True shares one matrix between the token embedding and the output head, as GPT-2 did."""
+    cfg.tie_weights (the default, as in GPT-2) shares one matrix between the token embedding and the head."""
 
-    def __init__(self, cfg: GPTConfig, tie_weights: bool = False):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
-        if not isinstance(cfg, GPTConfig):
-            raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}: build one with "
-                            "course_lib.config.GPTConfig(...) or take one from GPT2_CONFIGS")
-        if not isinstance(tie_weights, bool):
-            raise TypeError(f"tie_weights must be True or False, got {tie_weights!r}")
+        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
         self.cfg = cfg
         self.embedding = GPTEmbedding(cfg)  # token + position embeddings, dropout
         self.trf_blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.final_norm = LayerNorm(cfg.emb_dim)
         self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)
         self._init_weights()
-        if tie_weights:  # one Parameter, two roles: row i embeds token i and scores token i
+        if cfg.tie_weights:  # one Parameter, two roles: row i embeds token i and scores token i
             self.out_head.weight = self.embedding.tok_emb.weight
 
     @torch.no_grad()
@@ -53,7 +50,7 @@ class GPTModel(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for block in self.trf_blocks:
             nn.init.normal_(block.att.out_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.ff.layers[2].weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.ff.proj.weight, mean=0.0, std=residual_std)
 
     def new_kv_caches(self) -> list[KVCache]:
         """One empty KVCache per transformer block, to pass to forward(..., kv_caches=...)."""
@@ -64,25 +61,16 @@ class GPTModel(nn.Module):
         """Token ids (batch, tokens) -> logits (batch, tokens, vocab_size), or (batch, 1, vocab_size) for the
         last position only when last_only=True. With kv_caches (from new_kv_caches()), the tokens continue
         the cached sequence: their positions start at len(kv_caches[0]) and every block extends its cache."""
-        if not isinstance(last_only, bool):
-            raise TypeError(f"last_only must be True or False, got {last_only!r}")
-        start_pos = 0
-        if kv_caches is not None:
-            if not isinstance(kv_caches, (list, tuple)):
-                raise TypeError(f"kv_caches must be a list of KVCache (one per block) or None, got "
-                                f"{type(kv_caches).__name__}: create it with model.new_kv_caches()")
-            if len(kv_caches) != len(self.trf_blocks):
-                raise ValueError(f"kv_caches has {len(kv_caches)} caches but the model has "
-                                 f"{len(self.trf_blocks)} blocks: create it with model.new_kv_caches()")
-            for i, cache in enumerate(kv_caches):
-                if not isinstance(cache, KVCache):
-                    raise TypeError(f"kv_caches[{i}] must be a KVCache, got {type(cache).__name__}: "
-                                    "create the list with model.new_kv_caches()")
-            lengths = sorted({len(cache) for cache in kv_caches})
-            if len(lengths) > 1:
-                raise ValueError(f"kv_caches hold different numbers of tokens {lengths}: they must all "
-                                 "come from the same calls; start again with model.new_kv_caches()")
-            start_pos = len(kv_caches[0])  # the new tokens continue after the cached ones
+        check_bool("last_only", last_only)
+        caches_fit = kv_caches is None or (
+            isinstance(kv_caches, (list, tuple)) and len(kv_caches) == len(self.trf_blocks)
+            and all(isinstance(cache, KVCache) for cache in kv_caches) and len(set(map(len, kv_caches))) == 1)
+        if not caches_fit:
+            got = [f"{type(c).__name__}({len(c)})" if isinstance(c, KVCache) else type(c).__name__
+                   for c in kv_caches] if isinstance(kv_caches, (list, tuple)) else type(kv_caches).__name__
+            raise ValueError(f"kv_caches must be None or the list from model.new_kv_caches(): one KVCache per "
+                             f"block ({len(self.trf_blocks)}), all holding the same number of tokens; got {got}")
+        start_pos = 0 if kv_caches is None else len(kv_caches[0])  # new tokens continue after the cached ones
         x = self.embedding(token_ids, start_pos)  # (batch, tokens, emb_dim); checks ids and positions
         for i, block in enumerate(self.trf_blocks):
             x = block(x, None if kv_caches is None else kv_caches[i])  # (batch, tokens, emb_dim)
@@ -95,11 +83,9 @@ def trace_shapes(model: nn.Module, token_ids: Tensor, max_depth: int | None = No
     """Run one forward pass and list (module name, output shape) for every submodule it calls, in the
     order the calls start (a parent before its children); max_depth=1 keeps top-level names only,
     2 also their children, and so on. The hooks are removed afterwards, even if the pass fails."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if max_depth is not None and (not isinstance(max_depth, int) or isinstance(max_depth, bool)
-                                  or max_depth < 1):
-        raise ValueError(f"max_depth must be None (every level) or an int >= 1, got {max_depth!r}")
+    check_type("model", model, nn.Module, "pass a GPTModel or any other torch.nn.Module")
+    if max_depth is not None:
+        check_int("max_depth", max_depth, minimum=1)
     trace: list[list] = []  # [name, shape] pairs; the shape is filled in when the call ends
     open_calls: list[int] = []  # indices into trace of the calls still running (calls nest)
 

@@ -30,7 +30,8 @@ def test_presets_are_exactly_the_four_gpt2_sizes():
 def test_defaults_are_gpt2_124m_with_fields_in_order():
     assert GPTConfig() == GPT2_CONFIGS["gpt2"]
     assert [f.name for f in dataclasses.fields(GPTConfig)] == [
-        "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias"]
+        "vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias", "tie_weights"]
+    assert GPTConfig().tie_weights is True  # GPT-2's head shares the token embedding
 
 
 def test_valid_edge_cases_are_accepted():
@@ -69,15 +70,16 @@ def test_drop_rate_outside_zero_one_is_rejected(value):
 
 @pytest.mark.parametrize("value", ["0.1", True, None])
 def test_drop_rate_of_the_wrong_type_is_rejected(value):
-    expected = f"drop_rate must be a float, got {value!r} ({type(value).__name__})"
+    expected = f"drop_rate must be a number, got {value!r} ({type(value).__name__})"
     with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
         GPTConfig(drop_rate=value)
 
 
 @pytest.mark.parametrize("value", [1, 0, "True", None])
-def test_non_bool_qkv_bias_is_rejected(value):
-    with pytest.raises(TypeError, match=f"^{re.escape(f'qkv_bias must be True or False, got {value!r}')}$"):
-        GPTConfig(qkv_bias=value)
+@pytest.mark.parametrize("name", ["qkv_bias", "tie_weights"])
+def test_non_bool_switches_are_rejected(name, value):
+    with pytest.raises(TypeError, match=f"^{re.escape(f'{name} must be True or False, got {value!r}')}$"):
+        GPTConfig(**{name: value})
 
 
 def test_config_is_frozen_and_replace_revalidates():

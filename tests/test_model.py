@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ SMALL = GPTConfig(vocab_size=500, context_length=16, emb_dim=32, n_heads=4, n_la
 
 def small_model(tie_weights=False, seed=0, cfg=SMALL):
     torch.manual_seed(seed)
-    return GPTModel(cfg, tie_weights=tie_weights).eval()
+    return GPTModel(replace(cfg, tie_weights=tie_weights)).eval()
 
 
 def count(model):
@@ -22,8 +23,8 @@ def count(model):
 
 def test_gpt2_parameter_counts_untied_and_tied():
     with torch.device("meta"):
-        untied = GPTModel(GPT2_CONFIGS["gpt2"])
-        tied = GPTModel(GPT2_CONFIGS["gpt2"], tie_weights=True)
+        untied = GPTModel(replace(GPT2_CONFIGS["gpt2"], tie_weights=False))
+        tied = GPTModel(GPT2_CONFIGS["gpt2"])  # tied by default, as GPT-2
     assert count(untied) == 163_037_184
     assert count(tied) == 124_439_808
     assert count(untied) - count(tied) == 50257 * 768
@@ -93,13 +94,13 @@ def test_gpt2_initialisation_statistics():
     model = small_model(cfg=cfg)
     block = model.trf_blocks[3]
     assert abs(block.att.W_query.weight.std().item() - 0.02) < 0.002
-    assert abs(block.ff.layers[0].weight.std().item() - 0.02) < 0.002
+    assert abs(block.ff.fc.weight.std().item() - 0.02) < 0.002
     residual = 0.02 / math.sqrt(2 * cfg.n_layers)
     assert abs(block.att.out_proj.weight.std().item() - residual) < 0.1 * residual
-    assert abs(block.ff.layers[2].weight.std().item() - residual) < 0.1 * residual
+    assert abs(block.ff.proj.weight.std().item() - residual) < 0.1 * residual
     assert abs(model.embedding.tok_emb.weight.std().item() - 0.02) < 0.002
     assert torch.equal(block.att.W_query.bias, torch.zeros(256))
-    assert torch.equal(block.ff.layers[0].bias, torch.zeros(1024))
+    assert torch.equal(block.ff.fc.bias, torch.zeros(1024))
     assert torch.equal(model.final_norm.scale, torch.ones(256))
     assert torch.equal(model.final_norm.shift, torch.zeros(256))
 
@@ -116,7 +117,7 @@ def test_trace_shapes_lists_every_stage_in_call_order_and_removes_its_hooks():
     every = trace_shapes(model, ids)
     names = [name for name, _ in every]
     assert names.count("trf_blocks.1.drop_shortcut") == 2  # one dropout module, used after each sub-layer
-    assert ("trf_blocks.0.ff.layers.0", (2, 4, 128)) in every
+    assert ("trf_blocks.0.ff.fc", (2, 4, 128)) in every
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     with pytest.raises(ValueError):
         trace_shapes(model, torch.tensor([[SMALL.vocab_size]]))
@@ -126,35 +127,43 @@ def test_trace_shapes_lists_every_stage_in_call_order_and_removes_its_hooks():
 def test_trace_shapes_rejects_bad_arguments():
     model = small_model()
     ids = torch.zeros(1, 2, dtype=torch.long)
-    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got str"):
+    with pytest.raises(TypeError, match=r"^model must be a Module, got str: pass a GPTModel"):
         trace_shapes("gpt2", ids)
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match=r"max_depth must be None \(every level\) or an int >= 1"):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"^max_depth must be >= 1, got {bad}$"):
+            trace_shapes(model, ids, max_depth=bad)
+    for bad in (1.5, True):
+        with pytest.raises(TypeError, match=rf"^max_depth must be an int, got {bad}"):
             trace_shapes(model, ids, max_depth=bad)
 
 
 def test_bad_constructor_arguments():
     with pytest.raises(TypeError, match=r"cfg must be a GPTConfig, got dict"):
         GPTModel({"emb_dim": 768})
-    with pytest.raises(TypeError, match=r"tie_weights must be True or False, got 'yes'"):
-        GPTModel(SMALL, tie_weights="yes")
-    with pytest.raises(TypeError, match=r"tie_weights must be True or False, got 1"):
-        GPTModel(SMALL, tie_weights=1)
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments"):  # tying is the config's business
+        GPTModel(SMALL, True)
+
+
+def test_the_head_is_tied_by_default_as_in_gpt2():
+    assert GPTConfig().tie_weights is True
+    model = GPTModel(SMALL)
+    assert model.out_head.weight is model.embedding.tok_emb.weight
 
 
 def test_bad_kv_caches_and_last_only():
     model = small_model()
     ids = torch.zeros(1, 3, dtype=torch.long)
-    with pytest.raises(TypeError, match=r"kv_caches must be a list of KVCache \(one per block\) or None, got KVCache"):
+    fix = r"^kv_caches must be None or the list from model.new_kv_caches\(\): one KVCache per block \(2\), "
+    with pytest.raises(ValueError, match=fix + r"all holding the same number of tokens; got KVCache$"):
         model(ids, KVCache())
-    with pytest.raises(ValueError, match=r"kv_caches has 1 caches but the model has 2 blocks"):
+    with pytest.raises(ValueError, match=fix + r".*got \['KVCache\(0\)'\]$"):
         model(ids, [KVCache()])
-    with pytest.raises(TypeError, match=r"kv_caches\[1\] must be a KVCache, got NoneType"):
+    with pytest.raises(ValueError, match=fix + r".*got \['KVCache\(0\)', 'NoneType'\]$"):
         model(ids, [KVCache(), None])
     caches = model.new_kv_caches()
     model(ids, caches)
     caches[1] = KVCache()
-    with pytest.raises(ValueError, match=r"kv_caches hold different numbers of tokens \[0, 3\]"):
+    with pytest.raises(ValueError, match=fix + r".*got \['KVCache\(3\)', 'KVCache\(0\)'\]$"):
         model(ids, caches)
     with pytest.raises(TypeError, match=r"last_only must be True or False, got 'no'"):
         model(ids, last_only="no")
@@ -164,7 +173,7 @@ def test_bad_token_ids_are_caught_by_the_embedding():
     model = small_model()
     with pytest.raises(ValueError, match=r"token id 500 >= vocab_size 500"):
         model(torch.tensor([[1, 500]]))
-    with pytest.raises(ValueError, match=r"token_ids must have shape \(batch, tokens\)"):
+    with pytest.raises(ValueError, match=r"token_ids must be 2-D \(batch, tokens\)"):
         model(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"crop the input to the last 16 tokens"):
         model(torch.zeros(1, 17, dtype=torch.long))

@@ -1,4 +1,4 @@
-"""The exercise checks: course infrastructure, not a lesson.
+"""Not a lesson: the exercise checks, course infrastructure.
 
 Each check_* function grades a learner's code against the lesson modules of course_lib, names the most likely
 mistake when the code is off, and prints one line when all is well. There is one file per lesson module, named

@@ -105,7 +105,7 @@ def check_feedforward(learner_impl) -> None:
     ck.ok()
     ref = FeedForward(cfg).double().eval()
     mine = mine.double().eval()
-    lin1, lin2 = ref.layers[0], ref.layers[2]
+    lin1, lin2 = ref.fc, ref.proj
     with torch.no_grad():
         first.load_state_dict(lin1.state_dict())
         second.load_state_dict(lin2.state_dict())

@@ -1,0 +1,94 @@
+"""Not a lesson: the argument checks that every lesson module shares, and GPT-2's end-of-text id.
+
+A lesson's code calls one guard per argument in one line, then shows its mathematics. Each guard raises
+TypeError (the wrong kind of value) or ValueError (the right kind, an impossible value) with a message that
+names the argument, the value and the fix, so bad input never reaches a deep PyTorch error or, worse, a
+silently wrong answer."""
+
+import math
+
+import torch
+from torch import Tensor
+
+EOS_ID = 50256  # GPT-2's <|endoftext|>: it separates documents in the training data
+
+
+def check_int(name: str, value, minimum: int | None = None) -> None:
+    """An int (a bool is not accepted), at least `minimum` when one is given."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_bool(name: str, value) -> None:
+    """True or False, nothing else (not 0, 1 or None)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_number(name: str, value, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+                 high_open: bool = False, why: str = "") -> None:
+    """A real number (int or float, not a bool or NaN) between low and high; `low_open`/`high_open` leave that
+    end out of the interval. `why` says what the number means, to help choose a valid one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    below = value <= low if low_open else value < low
+    above = value >= high if high_open else value > high
+    if math.isnan(value) or below or above:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value}" + (f": {why}" if why else ""))
+
+
+def check_type(name: str, value, expected: type, fix: str) -> None:
+    """An instance of `expected`; `fix` says how to make one."""
+    if not isinstance(value, expected):
+        raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}: {fix}")
+
+
+def check_activations(name: str, x, size: int | None = None, dims: int | None = None,
+                      dtype: torch.dtype | None = None) -> None:
+    """A floating-point tensor; with `size`, its last dimension has that many entries; with `dims`, it has
+    exactly that many dimensions; with `dtype`, that dtype (the dtype of the layer's weights)."""
+    if not isinstance(x, Tensor) or not torch.is_floating_point(x):
+        got = f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"{name} must be a floating-point tensor of vectors, got {got}: token ids become "
+                        "vectors in an embedding layer; other tensors convert with .float()")
+    shape = f"(batch, tokens, {size})" if dims == 3 else f"(..., {size})"
+    if size is None:
+        return
+    if (dims is not None and x.dim() != dims) or x.dim() == 0 or x.shape[-1] != size:
+        fix = " (for a single sequence add a batch dimension with .unsqueeze(0))" if dims == 3 else ""
+        raise ValueError(f"{name} must be shaped {shape}, got shape {tuple(x.shape)}{fix}: the layer was built "
+                         f"for vectors of {size} numbers")
+    if dtype is not None and x.dtype != dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but the layer's weights are {dtype}: convert with "
+                        f".to({dtype}) or the layer with .to({x.dtype})")
+
+
+def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
+                       device: torch.device | None = None) -> None:
+    """A non-empty tensor of integer token ids with `dims` dimensions ((tokens,) or (batch, tokens)); with
+    `device`, on that device; with `vocab_size`, every id in [0, vocab_size)."""
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}: wrap a list of "
+                        "ids with torch.tensor(...)")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}: convert with .long()")
+    if ids.dim() != dims:
+        shape, fix = (("(batch, tokens)", "for a single sequence add a batch dimension with .unsqueeze(0)")
+                      if dims == 2 else ("(tokens,)", "make it one stream of tokens with .flatten()"))
+        raise ValueError(f"{name} must be {dims}-D {shape}, got shape {tuple(ids.shape)}: {fix}")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty, shape {tuple(ids.shape)}: pass at least one token (to start from "
+                         f"nothing, use <|endoftext|>, id {EOS_ID})")
+    if device is not None and ids.device != device:
+        raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move it with .to(...)")
+    if vocab_size is not None:
+        low, high = ids.min().item(), ids.max().item()  # one look at the data per call
+        if high >= vocab_size:
+            raise ValueError(f"{name} holds token id {high} >= vocab_size {vocab_size}: the ids come from a "
+                             "larger vocabulary than the model's; use the tokenizer the model was built for")
+        if low < 0:
+            raise ValueError(f"{name} holds token id {low} < 0: token ids index the vocabulary, "
+                             f"0 .. {vocab_size - 1}")
