@@ -10,7 +10,6 @@ import pkgutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_lib import checks

@@ -1,7 +1,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from course_lib.config import GPTConfig
 from course_lib.feedforward import GELU, FeedForward
