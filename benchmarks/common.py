@@ -12,7 +12,6 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,36 +243,6 @@ def build_pair(emb_dim: int, n_layers: int, n_heads: int, context_length: int, v
     assert course.out_head.weight is course.embedding.tok_emb.weight, "the course model should be tied like HF"
     assert hf.lm_head.weight is hf.transformer.wte.weight
     return course, hf
-
-
-@contextmanager
-def step_by_step_layers():
-    """Inside the with-block, course_lib's LayerNorm and GELU run their step-by-step formulas (fused = False),
-    as the course did before they called F.layer_norm and F.gelu: the "before" of that change."""
-    from course_lib.feedforward import GELU
-    from course_lib.normalization import LayerNorm
-
-    saved = LayerNorm.fused, GELU.fused
-    LayerNorm.fused = GELU.fused = False
-    try:
-        yield
-    finally:
-        LayerNorm.fused, GELU.fused = saved
-
-
-def step_by_step_option(parser: argparse.ArgumentParser) -> None:
-    """The --also-step-by-step flag of the train_step and generation benchmarks (an `extra` for parse_args)."""
-    parser.add_argument("--also-step-by-step", action="store_true",
-                        help="also time the course with LayerNorm and GELU running their step-by-step formulas "
-                             "(fused=False), as before they called F.layer_norm and F.gelu")
-
-
-def step_by_step(fn: Callable[[], object]) -> Callable[[], object]:
-    """fn, run with step_by_step_layers()."""
-    def wrapped():
-        with step_by_step_layers():
-            return fn()
-    return wrapped
 
 
 def hf_greedy(hf, prompt: torch.Tensor, new_tokens: int) -> Callable[[], torch.Tensor]:

@@ -6,15 +6,14 @@ weights must do per new token (batch 1 is bound by memory bandwidth, not by arit
 
     python benchmarks/generation.py            # a few minutes on 2 cores
     python benchmarks/generation.py --quick    # smoke run
-    python benchmarks/generation.py --also-step-by-step   # adds the course with fused=False LayerNorm/GELU
 """
 
 import time
 
 import torch
 import torch.nn.functional as F
-from common import (Run, build_pair, fmt_s, hf_greedy, median, paired_ratio, parse_args, print_table, step_by_step,
-                    step_by_step_option, summarize, time_interleaved)
+from common import (Run, build_pair, fmt_s, hf_greedy, median, paired_ratio, parse_args, print_table, summarize,
+                    time_interleaved)
 from course_lib.generation import generate
 from course_lib.tokenization import gpt2_tokenizer
 
@@ -39,8 +38,8 @@ def weight_read_floor(model: torch.nn.Module, tokens: int):
 
 
 def main():
-    args = parse_args(__doc__, step_by_step_option)
-    run = Run("generation" + ("_step_by_step" if args.also_step_by_step else ""), args)
+    args = parse_args(__doc__)
+    run = Run("generation", args)
     if args.quick:
         shape, new_tokens, repeats = (64, 2, 4, 256), 20, args.repeats or 2
     else:
@@ -65,9 +64,6 @@ def main():
         differ = (outputs["course"] != outputs["hf"]).nonzero()
         raise AssertionError(f"course and HF greedy outputs differ from position {differ[0, 1].item()}")
     variants = {"course": course_cached, "hf": hf_cached, "floor": weight_read_floor(course, FLOOR_TOKENS)}
-    if args.also_step_by_step:
-        variants["course_step_by_step"] = step_by_step(course_cached)
-        assert torch.equal(variants["course_step_by_step"](), outputs["course"]), "step-by-step changed the tokens"
     timings = time_interleaved(variants, repeats=repeats, warmup=0)
     times = timings.wall
     start, start_cpu = time.perf_counter(), time.process_time()  # once: it is the slow one
@@ -76,8 +72,6 @@ def main():
 
     tps = {k: new_tokens / median(times[k]) for k in ("course", "hf")}
     tps["weight_read_floor"] = FLOOR_TOKENS / median(times["floor"])
-    if args.also_step_by_step:
-        tps["course_step_by_step"] = new_tokens / median(times["course_step_by_step"])
     tps["course_uncached"] = new_tokens / median(uncached)
     vs_hf = tps["course"] / tps["hf"]
     cache_speedup = tps["course"] / tps["course_uncached"]
@@ -89,9 +83,6 @@ def main():
         ["course generate, use_cache=False", fmt_s(median(uncached)), f"{tps['course_uncached']:.1f}", ""],
         ["floor: weight reads only (nn.Linear, 1 token)", fmt_s(median(times["floor"]) / FLOOR_TOKENS * new_tokens),
          f"{tps['weight_read_floor']:.1f}", "ceiling of the course"],
-        *([["course generate, step-by-step LayerNorm/GELU", fmt_s(median(times["course_step_by_step"])),
-            f"{tps['course_step_by_step']:.1f}", f"course / HF {tps['course_step_by_step'] / tps['hf']:.2f}x"]]
-          if args.also_step_by_step else []),
         ["course / HF tokens/s", "", f"{vs_hf:.2f}x", f">= {GOAL_VS_HF}: {'yes' if vs_hf >= GOAL_VS_HF else 'NO'}"],
         ["course cached / uncached", "", f"{cache_speedup:.2f}x",
          f">= {GOAL_CACHE}: {'yes' if cache_speedup >= GOAL_CACHE else 'NO'}"],
@@ -115,8 +106,6 @@ def main():
                               "bytes_per_token": sum(p.numel() * p.element_size() for m in course.modules()
                                                      if isinstance(m, torch.nn.Linear) for p in m.parameters())},
         "ratio_floor_over_hf_tokens_per_s": tps["weight_read_floor"] / tps["hf"],
-        **({"course_step_by_step": summarize(times["course_step_by_step"], timings.cpu["course_step_by_step"])}
-           if args.also_step_by_step else {}),
         "ratio_course_over_hf_tokens_per_s": vs_hf,
         "paired_ratio": paired_ratio(times["hf"], times["course"]),
         "cache_speedup": cache_speedup,

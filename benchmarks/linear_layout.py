@@ -44,8 +44,8 @@ def with_in_out_layout(model: nn.Module) -> nn.Module:
     for block in model.trf_blocks:
         for name in ("W_query", "W_key", "W_value", "out_proj"):
             setattr(block.att, name, InOutLinear(getattr(block.att, name)))
-        for index in (0, 2):
-            block.ff.layers[index] = InOutLinear(block.ff.layers[index])
+        for name in ("fc", "proj"):
+            setattr(block.ff, name, InOutLinear(getattr(block.ff, name)))
     return model
 
 

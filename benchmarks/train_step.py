@@ -3,17 +3,14 @@ same config, same weights, same batch, float32 on the CPU; interleaved repetitio
 
     python benchmarks/train_step.py            # a few minutes on 2 cores
     python benchmarks/train_step.py --quick    # smoke run
-    python benchmarks/train_step.py --also-step-by-step   # adds the course with fused=False LayerNorm/GELU
 """
 
-import copy
 import math
 
 import torch
 
 from common import (Run, build_pair, count_params, course_logits, fmt_s, hf_logits, make_train_step, median,
-                    paired_ratio, parse_args, print_table, random_batch, step_by_step, step_by_step_option, summarize,
-                    time_interleaved)
+                    paired_ratio, parse_args, print_table, random_batch, summarize, time_interleaved)
 
 GOAL = 0.9  # course time / HF time must be at most this
 
@@ -25,8 +22,8 @@ QUICK_SIZES = {"tiny (emb 64, 2 layers)": (64, 2, 4, 64, 2, 32)}
 
 
 def main():
-    args = parse_args(__doc__, step_by_step_option)
-    run = Run("train_step" + ("_step_by_step" if args.also_step_by_step else ""), args)
+    args = parse_args(__doc__)
+    run = Run("train_step", args)
     sizes = QUICK_SIZES if args.quick else SIZES
     repeats = args.repeats or (2 if args.quick else 5)
     rows, results = [], []
@@ -35,9 +32,6 @@ def main():
         ids, targets = random_batch(batch, tokens, course.cfg.vocab_size)
         steps = {"course": make_train_step(course, course_logits, ids, targets),
                  "hf": make_train_step(hf, hf_logits, ids, targets)}
-        if args.also_step_by_step:
-            steps["course_step_by_step"] = step_by_step(
-                make_train_step(copy.deepcopy(course), course_logits, ids, targets))
         first = {k: step() for k, step in steps.items()}  # same weights, same batch: same loss
         assert all(math.isclose(loss, first["hf"], rel_tol=1e-5) for loss in first.values()), first
         timings = time_interleaved(steps, repeats=repeats, warmup=1)
@@ -69,16 +63,6 @@ def main():
                      f"{cpu_ratio:.3f}",
                      "yes" if ratio <= GOAL else "NO",
                      f"{first['course']:.4f}/{first['hf']:.4f} -> {last['course']:.4f}/{last['hf']:.4f}"])
-        if args.also_step_by_step:
-            unfused = times["course_step_by_step"]
-            result["course_step_by_step"] = summarize(unfused, timings.cpu["course_step_by_step"])
-            result["ratio_step_by_step_over_hf"] = median(unfused) / median(times["hf"])
-            result["cpu_ratio_step_by_step_over_hf"] = (median(timings.cpu["course_step_by_step"])
-                                                        / median(timings.cpu["hf"]))
-            result["ratio_course_over_step_by_step"] = median(times["course"]) / median(unfused)
-            rows.append(["  same, step-by-step LayerNorm/GELU", "", "", fmt_s(median(unfused)), "",
-                         f"{result['ratio_step_by_step_over_hf']:.3f}", f"{paired_ratio(unfused, times['hf']):.3f}",
-                         f"{result['cpu_ratio_step_by_step_over_hf']:.3f}", "", ""])
         del course, hf, steps
     print_table(["size", "params", "batch", "course", f"HF ({results[0]['hf_attn_implementation']})",
                  "course/HF", "paired", "CPU-time", f"<= {GOAL}", "loss course/HF first -> last"], rows,
