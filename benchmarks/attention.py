@@ -11,21 +11,25 @@ from common import (Run, fmt_s, median, parse_args, peak_tensor_memory, print_ta
                     time_interleaved)
 from course_lib.attention import (MultiHeadAttention, MultiHeadAttentionEinsum, MultiHeadAttentionWrapper,
                                   copy_fused_weights_to_wrapper)
+from course_lib.config import GPTConfig
 
 
-def build_variants(d: int, context_length: int, heads: int) -> dict[str, tuple[torch.nn.Module, dict]]:
-    """name -> (layer, forward kwargs); every layer computes the same function (GPT-2: qkv biases)."""
-    kwargs = dict(d_in=d, d_out=d, context_length=context_length, dropout=0.0, num_heads=heads, qkv_bias=True)
-    fused = MultiHeadAttention(**kwargs).eval()
-    wrapper = MultiHeadAttentionWrapper(**kwargs).eval()
-    copy_fused_weights_to_wrapper(fused, wrapper)
-    einsum = MultiHeadAttentionEinsum(**kwargs).eval()
-    einsum.load_state_dict(fused.state_dict())
+KERNEL = "MultiHeadAttention (SDPA kernel)"
+
+
+def build_variants(d: int, context_length: int, heads: int) -> dict[str, torch.nn.Module]:
+    """name -> layer; every layer computes the same function (GPT-2: qkv biases)."""
+    cfg = GPTConfig(context_length=context_length, emb_dim=d, n_heads=heads, n_layers=1, drop_rate=0.0,
+                    qkv_bias=True)
+    kernel = MultiHeadAttention(cfg).eval()
+    wrapper = MultiHeadAttentionWrapper(cfg).eval()
+    copy_fused_weights_to_wrapper(kernel, wrapper)
+    explicit = MultiHeadAttentionEinsum(cfg).eval()
+    explicit.load_state_dict(kernel.state_dict())
     return {
-        "wrapper (12 CausalAttention heads)" if heads == 12 else f"wrapper ({heads} heads)": (wrapper, {}),
-        "fused, explicit (return_weights=True)": (fused, {"return_weights": True}),
-        "einsum (einops + fancy_einsum)": (einsum, {}),
-        "fused, SDPA fast path": (fused, {}),
+        f"wrapper ({heads} CausalAttention heads)": wrapper,
+        "MultiHeadAttentionEinsum (explicit formula)": explicit,
+        KERNEL: kernel,
     }
 
 
@@ -36,40 +40,35 @@ def main():
     repeats = args.repeats or (2 if args.quick else 3)
     torch.manual_seed(123)
     variants = build_variants(d, tokens, heads)
-    x = torch.randn(batch, tokens, d)  # (batch, tokens, d_in)
+    x = torch.randn(batch, tokens, d)  # (batch, tokens, emb_dim)
     grad_out = torch.randn(batch, tokens, d)  # a fixed upstream gradient for the backward pass
 
-    def output(layer, kw):
-        out = layer(x, **kw)
-        return out[0] if isinstance(out, tuple) else out  # (batch, tokens, d_out)
-
-    def forward_fn(layer, kw):
+    def forward_fn(layer):
         def fn():
             with torch.no_grad():
-                return output(layer, kw)
+                return layer(x)  # (batch, tokens, emb_dim)
         return fn
 
-    def forward_backward_fn(layer, kw):
+    def forward_backward_fn(layer):
         def fn():
             layer.zero_grad(set_to_none=True)
-            out = output(layer, kw)
-            out.backward(grad_out)
+            layer(x).backward(grad_out)
         return fn
 
-    reference = forward_fn(*variants["fused, SDPA fast path"])()
-    for name, (layer, kw) in variants.items():  # all variants compute the same function
-        torch.testing.assert_close(forward_fn(layer, kw)(), reference, rtol=1e-4, atol=1e-5, msg=name)
+    reference = forward_fn(variants[KERNEL])()
+    for name, layer in variants.items():  # all variants compute the same function
+        torch.testing.assert_close(forward_fn(layer)(), reference, rtol=1e-4, atol=1e-5, msg=name)
 
     results = {}
     for mode, make in (("forward", forward_fn), ("forward+backward", forward_backward_fn)):
-        fns = {name: make(layer, kw) for name, (layer, kw) in variants.items()}
+        fns = {name: make(layer) for name, layer in variants.items()}
         timings = time_interleaved(fns, repeats=repeats, warmup=1)
         memory = {name: peak_tensor_memory(fn) for name, fn in fns.items()}
         for name in fns:
             results.setdefault(name, {})[mode] = {**summarize(timings.wall[name], timings.cpu[name]),
                                                   "peak_tensor_bytes": memory[name]}
 
-    sdpa = results["fused, SDPA fast path"]
+    sdpa = results[KERNEL]
     rows = []
     for name, r in results.items():
         rows.append([name, fmt_s(r["forward"]["median_s"]),

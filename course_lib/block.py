@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .config import GPTConfig
 from .feedforward import FeedForward
+from .guards import check_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/06_transformer_block.ipynb #f295a71b
@@ -20,12 +21,9 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        if not isinstance(cfg, GPTConfig):
-            raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}: build one with "
-                            "course_lib.config.GPTConfig(...) or take one from GPT2_CONFIGS")
+        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
         self.norm1 = LayerNorm(cfg.emb_dim)
-        self.att = MultiHeadAttention(d_in=cfg.emb_dim, d_out=cfg.emb_dim, context_length=cfg.context_length,
-                                      dropout=cfg.drop_rate, num_heads=cfg.n_heads, qkv_bias=cfg.qkv_bias)
+        self.att = MultiHeadAttention(cfg)  # calls F.scaled_dot_product_attention
         self.norm2 = LayerNorm(cfg.emb_dim)
         self.ff = FeedForward(cfg)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)

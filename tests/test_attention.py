@@ -7,20 +7,44 @@ from torch import nn
 
 from course_lib.attention import (CausalAttention, KVCache, MultiHeadAttention, MultiHeadAttentionEinsum,
                                   MultiHeadAttentionWrapper, copy_fused_weights_to_wrapper)
+from course_lib.config import GPTConfig
 
-D_IN, D_OUT, CONTEXT, HEADS = 12, 16, 10, 4
+EMB, CONTEXT, HEADS = 16, 10, 4
+HEAD_DIM = EMB // HEADS
+SINGLE_HEAD_DIM = 6  # the single head maps EMB -> 6 numbers: a mix-up of its two widths shows in the shapes
 VARIANTS = (MultiHeadAttention, MultiHeadAttentionWrapper, MultiHeadAttentionEinsum)
+ALL_CLASSES = VARIANTS + (CausalAttention,)
 
 
-def same_weights(qkv_bias=False, dropout=0.0, d_in=D_IN, seed=0):
-    """The three multi-head variants in eval mode, all holding the fused module's weights."""
+def config(drop_rate=0.0, qkv_bias=False, **changes):
+    return GPTConfig(**{**dict(vocab_size=50, context_length=CONTEXT, emb_dim=EMB, n_heads=HEADS, n_layers=1,
+                               drop_rate=drop_rate, qkv_bias=qkv_bias), **changes})
+
+
+def build(cls, drop_rate=0.0, qkv_bias=False, **changes):
+    if cls is CausalAttention:
+        return cls(EMB, SINGLE_HEAD_DIM, CONTEXT, drop_rate, qkv_bias=qkv_bias)
+    return cls(config(drop_rate, qkv_bias, **changes))
+
+
+def out_width(cls):
+    return SINGLE_HEAD_DIM if cls is CausalAttention else EMB
+
+
+def same_weights(qkv_bias=False, drop_rate=0.0, seed=0):
+    """The kernel class, the wrapper and the explicit (einsum) class in eval mode, all holding the kernel
+    class's weights."""
     torch.manual_seed(seed)
-    fused = MultiHeadAttention(d_in, D_OUT, CONTEXT, dropout, HEADS, qkv_bias)
-    wrapper = MultiHeadAttentionWrapper(d_in, D_OUT, CONTEXT, dropout, HEADS, qkv_bias)
-    named = MultiHeadAttentionEinsum(d_in, D_OUT, CONTEXT, dropout, HEADS, qkv_bias)
-    copy_fused_weights_to_wrapper(fused, wrapper)
-    named.load_state_dict(fused.state_dict())
-    return fused.eval(), wrapper.eval(), named.eval()
+    cfg = config(drop_rate, qkv_bias)
+    kernel, wrapper, explicit = MultiHeadAttention(cfg), MultiHeadAttentionWrapper(cfg), MultiHeadAttentionEinsum(cfg)
+    copy_fused_weights_to_wrapper(kernel, wrapper)
+    explicit.load_state_dict(kernel.state_dict())
+    return kernel.eval(), wrapper.eval(), explicit.eval()
+
+
+def from_pattern(layer, x):
+    """The layer's output rebuilt from its attention_weights: pattern @ values, heads merged, out_proj."""
+    return layer.merge_heads(layer.attention_weights(x) @ layer.split_heads(layer.W_value(x)))
 
 
 def close(a, b):
@@ -29,88 +53,103 @@ def close(a, b):
 
 # --- every variant computes the same function -------------------------------------------------------------
 
+def test_the_model_class_is_the_explicit_class_with_the_kernel_in_forward():
+    assert issubclass(MultiHeadAttention, MultiHeadAttentionEinsum)
+    assert MultiHeadAttention.attention_weights is MultiHeadAttentionEinsum.attention_weights
+    assert MultiHeadAttention.__init__ is MultiHeadAttentionEinsum.__init__
+    assert MultiHeadAttention.forward is not MultiHeadAttentionEinsum.forward
+
+
 @pytest.mark.parametrize("qkv_bias", [False, True])
 @pytest.mark.parametrize("batch, tokens", [(1, 1), (3, 1), (1, 4), (2, 7), (2, CONTEXT)])
 def test_all_variants_agree_on_shared_weights(qkv_bias, batch, tokens):
-    fused, wrapper, named = same_weights(qkv_bias)
-    x = torch.randn(batch, tokens, D_IN)
+    kernel, wrapper, explicit = same_weights(qkv_bias)
+    x = torch.randn(batch, tokens, EMB)
     with torch.no_grad():
-        fast = fused(x)  # F.scaled_dot_product_attention
-        explicit, weights = fused(x, return_weights=True)
-        outputs = {"explicit": explicit, "wrapper": wrapper(x), "einsum": named(x)}
-    assert fast.shape == (batch, tokens, D_OUT) and weights.shape == (batch, HEADS, tokens, tokens)
+        fast = kernel(x)  # F.scaled_dot_product_attention
+        weights = kernel.attention_weights(x)
+        outputs = {"explicit (einsum)": explicit(x), "wrapper": wrapper(x), "from the pattern": from_pattern(kernel, x)}
+    assert fast.shape == (batch, tokens, EMB) and weights.shape == (batch, HEADS, tokens, tokens)
     assert not torch.isnan(fast).any()
     for name, out in outputs.items():
-        assert close(fast, out), f"{name} differs from the SDPA fast path by {(fast - out).abs().max():.3g}"
+        assert close(fast, out), f"{name} differs from the SDPA kernel by {(fast - out).abs().max():.3g}"
 
 
 @pytest.mark.parametrize("qkv_bias", [False, True])
-def test_fused_equals_torch_multihead_attention(qkv_bias):
+def test_kernel_equals_torch_multihead_attention(qkv_bias):
     """An independent reference: nn.MultiheadAttention with the same weights and a causal mask."""
-    fused, _, _ = same_weights(qkv_bias, d_in=D_OUT)  # nn.MultiheadAttention needs d_in == d_out
-    reference = nn.MultiheadAttention(D_OUT, HEADS, bias=True, batch_first=True).eval()
+    kernel, _, explicit = same_weights(qkv_bias)
+    reference = nn.MultiheadAttention(EMB, HEADS, bias=True, batch_first=True).eval()
     with torch.no_grad():
-        reference.in_proj_weight.copy_(torch.cat([fused.W_query.weight, fused.W_key.weight, fused.W_value.weight]))
-        reference.in_proj_bias.copy_(torch.cat([fused.W_query.bias, fused.W_key.bias, fused.W_value.bias])
-                                     if qkv_bias else torch.zeros(3 * D_OUT))
-        reference.out_proj.load_state_dict(fused.out_proj.state_dict())
-        x = torch.randn(2, 7, D_OUT)
+        reference.in_proj_weight.copy_(torch.cat([kernel.W_query.weight, kernel.W_key.weight,
+                                                  kernel.W_value.weight]))
+        reference.in_proj_bias.copy_(torch.cat([kernel.W_query.bias, kernel.W_key.bias, kernel.W_value.bias])
+                                     if qkv_bias else torch.zeros(3 * EMB))
+        reference.out_proj.load_state_dict(kernel.out_proj.state_dict())
+        x = torch.randn(2, 7, EMB)
         future = torch.triu(torch.ones(7, 7, dtype=torch.bool), diagonal=1)
         expected, expected_weights = reference(x, x, x, attn_mask=future, average_attn_weights=False)
-        out, weights = fused(x, return_weights=True)
-        assert close(fused(x), expected) and close(out, expected) and close(weights, expected_weights)
+        assert close(kernel(x), expected) and close(explicit(x), expected)
+        assert close(kernel.attention_weights(x), expected_weights)
 
 
 def test_scale_is_one_over_sqrt_head_dim():
     """Writing the formula out by hand, head by head, catches a wrong scale shared by all variants."""
-    fused, _, _ = same_weights()
-    x = torch.randn(1, 5, D_IN)
-    head_dim = D_OUT // HEADS
-    q, k, v = fused.W_query(x)[0], fused.W_key(x)[0], fused.W_value(x)[0]  # (tokens, d_out)
+    kernel, _, _ = same_weights()
+    x = torch.randn(1, 5, EMB)
+    q, k, v = kernel.W_query(x)[0], kernel.W_key(x)[0], kernel.W_value(x)[0]  # (tokens, emb_dim)
     heads = []
     for h in range(HEADS):
-        cols = slice(h * head_dim, (h + 1) * head_dim)
-        scores = q[:, cols] @ k[:, cols].T / head_dim**0.5 + torch.triu(torch.full((5, 5), -torch.inf), 1)
+        cols = slice(h * HEAD_DIM, (h + 1) * HEAD_DIM)
+        scores = q[:, cols] @ k[:, cols].T / HEAD_DIM**0.5 + torch.triu(torch.full((5, 5), -torch.inf), 1)
         heads.append(torch.softmax(scores, dim=-1) @ v[:, cols])
-    expected = fused.out_proj(torch.cat(heads, dim=-1))
-    assert close(fused(x)[0], expected)
+    expected = kernel.out_proj(torch.cat(heads, dim=-1))
+    assert close(kernel(x)[0], expected)
 
 
-@pytest.mark.parametrize("cls", VARIANTS + (CausalAttention,))
+def test_single_head_formula_by_hand():
+    torch.manual_seed(0)
+    head = build(CausalAttention).eval()
+    x = torch.randn(2, 5, EMB)
+    scores = head.W_query(x) @ head.W_key(x).transpose(1, 2) / SINGLE_HEAD_DIM**0.5
+    weights = torch.softmax(scores + torch.triu(torch.full((5, 5), -torch.inf), 1), dim=-1)
+    assert head(x).shape == (2, 5, SINGLE_HEAD_DIM) and close(head(x), weights @ head.W_value(x))
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
 @pytest.mark.parametrize("training", [False, True])
 def test_one_token_and_batch_of_one_give_no_nan(cls, training):
     torch.manual_seed(0)
-    module = build(cls, dropout=0.5).train(training)
-    for shape in [(1, 1, D_IN), (3, 1, D_IN), (1, 2, D_IN)]:
+    module = build(cls, drop_rate=0.5).train(training)
+    for shape in [(1, 1, EMB), (3, 1, EMB), (1, 2, EMB)]:
         out = module(torch.randn(shape))
-        assert out.shape == shape[:2] + (D_OUT,) and torch.isfinite(out).all()
-    if cls is MultiHeadAttention:
-        out, weights = module(torch.randn(1, 1, D_IN), return_weights=True)
-        assert torch.isfinite(out).all() and torch.equal(weights, torch.ones(1, HEADS, 1, 1))
+        assert out.shape == shape[:2] + (out_width(cls),) and torch.isfinite(out).all()
+    if hasattr(module, "attention_weights"):
+        assert torch.equal(module.attention_weights(torch.randn(1, 1, EMB)), torch.ones(1, HEADS, 1, 1))
 
 
 def test_float64_layer_takes_float64_input():
-    fused, _, _ = same_weights()
-    x = torch.randn(2, 5, D_IN)
-    as_double = fused.double()(x.double())
-    assert as_double.dtype == torch.float64 and fused.future_mask.dtype == torch.bool
+    kernel, _, _ = same_weights()
+    x = torch.randn(2, 5, EMB)
+    as_double = kernel.double()(x.double())
+    assert as_double.dtype == torch.float64 and kernel.future_mask.dtype == torch.bool
     assert torch.allclose(as_double, same_weights()[0](x).double(), atol=1e-5)
 
 
 # --- causality -------------------------------------------------------------------------------------------
 
-def jacobian_over_positions(module, tokens=6, **kwargs):
+def jacobian_over_positions(module, tokens=6):
     """|d out[t] / d x[s]| summed over features: (tokens, tokens), row t = output position."""
-    x = torch.randn(1, tokens, D_IN)
-    jac = torch.autograd.functional.jacobian(lambda inp: module(inp, **kwargs), x)  # (1, T, d_out, 1, T, d_in)
+    x = torch.randn(1, tokens, EMB)
+    jac = torch.autograd.functional.jacobian(module, x)  # (1, T, out, 1, T, emb_dim)
     return jac[0, :, :, 0].abs().sum(dim=(1, 3))
 
 
-@pytest.mark.parametrize("variant", ["fast", "explicit", "wrapper", "einsum", "single head"])
+@pytest.mark.parametrize("variant", ["kernel", "explicit", "from the pattern", "wrapper", "single head"])
 def test_no_position_sees_the_future(variant):
-    fused, wrapper, named = same_weights()
-    modules = {"fast": fused, "explicit": lambda x: fused(x, return_weights=True)[0], "wrapper": wrapper,
-               "einsum": named, "single head": CausalAttention(D_IN, D_OUT, CONTEXT, 0.0).eval()}
+    kernel, wrapper, explicit = same_weights()
+    modules = {"kernel": kernel, "explicit": explicit, "from the pattern": lambda x: from_pattern(kernel, x),
+               "wrapper": wrapper, "single head": build(CausalAttention).eval()}
     influence = jacobian_over_positions(modules[variant])
     future = torch.triu(torch.ones(6, 6, dtype=torch.bool), diagonal=1)
     assert torch.equal(influence[future], torch.zeros(int(future.sum())))  # exactly zero, not merely small
@@ -118,15 +157,15 @@ def test_no_position_sees_the_future(variant):
 
 
 def test_no_position_sees_the_future_with_a_cache():
-    fused, _, _ = same_weights()
+    kernel, _, _ = same_weights()
     cache = KVCache()
-    fused(torch.randn(1, 3, D_IN), kv_cache=cache)
+    kernel(torch.randn(1, 3, EMB), kv_cache=cache)
     keys, values = cache.keys, cache.values
 
     def chunk(x):
         fresh = KVCache()
         fresh.append(keys, values)
-        return fused(x, kv_cache=fresh)
+        return kernel(x, kv_cache=fresh)
 
     influence = jacobian_over_positions(chunk, tokens=4)
     assert torch.equal(torch.triu(influence, diagonal=1), torch.zeros(4, 4))
@@ -135,9 +174,10 @@ def test_no_position_sees_the_future_with_a_cache():
 
 # --- the attention pattern ------------------------------------------------------------------------------
 
-def test_returned_weights_are_causal_probabilities():
-    fused, _, _ = same_weights()
-    _, weights = fused(torch.randn(3, 8, D_IN), return_weights=True)  # (batch, heads, tokens, tokens)
+@pytest.mark.parametrize("cls", [MultiHeadAttention, MultiHeadAttentionEinsum])
+def test_attention_weights_are_causal_probabilities(cls):
+    torch.manual_seed(0)
+    weights = build(cls).attention_weights(torch.randn(3, 8, EMB))  # (batch, heads, tokens, tokens)
     assert close(weights.sum(dim=-1), torch.ones(3, HEADS, 8))
     assert (weights >= 0).all()
     assert torch.equal(torch.triu(weights, diagonal=1), torch.zeros_like(weights))
@@ -145,45 +185,52 @@ def test_returned_weights_are_causal_probabilities():
 
 
 def test_state_dict_holds_only_weights():
-    """A weight loader maps state dicts by name: no mask buffers, same keys in fused and einsum."""
+    """A weight loader maps state dicts by name: no mask buffers, same keys in the kernel and explicit classes."""
     for qkv_bias in (False, True):
-        fused, _, named = same_weights(qkv_bias)
+        kernel, _, explicit = same_weights(qkv_bias)
         keys = ["W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight", "out_proj.bias"]
         if qkv_bias:
             keys[1:1] = ["W_query.bias"]
             keys[3:3] = ["W_key.bias"]
             keys[5:5] = ["W_value.bias"]
-        assert list(fused.state_dict()) == keys
-        assert list(named.state_dict()) == keys
+        assert list(kernel.state_dict()) == keys
+        assert list(explicit.state_dict()) == keys
+
+
+def test_attributes_follow_the_config_names():
+    for cls in VARIANTS:
+        layer = build(cls, drop_rate=0.25)
+        assert (layer.emb_dim, layer.n_heads, layer.head_dim) == (EMB, HEADS, HEAD_DIM)
+    for cls in (MultiHeadAttention, MultiHeadAttentionEinsum):
+        layer = build(cls, drop_rate=0.25)
+        assert (layer.context_length, layer.drop_rate) == (CONTEXT, 0.25)
+    head = build(CausalAttention, drop_rate=0.25)
+    assert (head.emb_dim, head.head_dim, head.context_length, head.drop_rate) == (EMB, SINGLE_HEAD_DIM, CONTEXT,
+                                                                                 0.25)
 
 
 # --- incremental mode --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("chunks", [[1] * 9, [2, 2, 2, 2, 1], [3, 3, 3], [1, 3, 2, 3], [4, 1, 1, 3]])
-@pytest.mark.parametrize("return_weights", [False, True])
-def test_incremental_equals_full_pass(chunks, return_weights):
-    fused, _, _ = same_weights()
-    x = torch.randn(2, sum(chunks), D_IN)
+def test_incremental_equals_full_pass(chunks):
+    kernel, _, _ = same_weights()
+    x = torch.randn(2, sum(chunks), EMB)
     with torch.no_grad():
-        full = fused(x)
+        full = kernel(x)
         cache, outputs, start = KVCache(), [], 0
         for size in chunks:
-            out = fused(x[:, start:start + size], kv_cache=cache, return_weights=return_weights)
-            if return_weights:
-                out, weights = out
-                assert weights.shape == (2, HEADS, size, start + size)
-                allowed = torch.ones(size, start + size, dtype=torch.bool).tril(diagonal=start)
-                assert torch.equal(weights[..., ~allowed], torch.zeros_like(weights[..., ~allowed]))
-                assert close(weights.sum(dim=-1), torch.ones(2, HEADS, size))
-            outputs.append(out)
+            outputs.append(kernel(x[:, start:start + size], kv_cache=cache))
             start += size
             assert len(cache) == start
-            assert cache.keys.shape == cache.values.shape == (2, HEADS, start, D_OUT // HEADS)
+            assert cache.keys.shape == cache.values.shape == (2, HEADS, start, HEAD_DIM)
     assert close(torch.cat(outputs, dim=1), full)
 
 
-def test_fast_path_calls_sdpa_with_the_right_mask(monkeypatch):
-    """No cache: is_causal=True and no mask built; one new token: no mask; a chunk: mask offset by the cache."""
+@pytest.mark.parametrize("training", [False, True])
+def test_forward_is_one_sdpa_call_with_the_mask_offset_by_the_cache(monkeypatch, training):
+    """Every forward of the kernel class calls SDPA once, with attn_mask = True where a token may attend
+    (offset by the cached positions), never is_causal, and dropout only in training; the explicit class and
+    attention_weights never call it."""
     calls = []
     sdpa = F.scaled_dot_product_attention
 
@@ -192,17 +239,22 @@ def test_fast_path_calls_sdpa_with_the_right_mask(monkeypatch):
         return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
-    fused, _, _ = same_weights()
+    kernel, _, explicit = same_weights(drop_rate=0.25)
+    kernel.train(training)
     cache = KVCache()
-    fused(torch.randn(1, 3, D_IN), kv_cache=cache)
-    fused(torch.randn(1, 1, D_IN), kv_cache=cache)
-    fused(torch.randn(1, 2, D_IN), kv_cache=cache)
-    fused(torch.randn(1, 2, D_IN), return_weights=True)  # the explicit path does not call it
-    assert len(calls) == 3
-    assert calls[0] == (None, True, 0.0) and calls[1] == (None, False, 0.0)
-    mask, is_causal, _ = calls[2]
-    assert not is_causal and torch.equal(mask, torch.tensor([[True, True, True, True, True, False],
-                                                             [True, True, True, True, True, True]]))
+    kernel(torch.randn(1, 3, EMB), kv_cache=cache)
+    kernel(torch.randn(1, 1, EMB), kv_cache=cache)
+    kernel(torch.randn(1, 2, EMB), kv_cache=cache)
+    kernel(torch.randn(1, 2, EMB))
+    explicit(torch.randn(1, 2, EMB))
+    kernel.attention_weights(torch.randn(1, 2, EMB))
+    assert len(calls) == 4
+    T, F_ = True, False
+    expected = [[[T, F_, F_], [T, T, F_], [T, T, T]], [[T, T, T, T]],
+                [[T, T, T, T, T, F_], [T, T, T, T, T, T]], [[T, F_], [T, T]]]
+    for (mask, is_causal, dropout_p), allowed in zip(calls, expected):
+        assert not is_causal and torch.equal(mask, torch.tensor(allowed))
+        assert dropout_p == (0.25 if training else 0.0)
 
 
 def test_kv_cache_starts_empty_and_concatenates():
@@ -218,122 +270,130 @@ def test_kv_cache_starts_empty_and_concatenates():
 
 # --- dropout ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant", ["fast", "explicit", "wrapper", "einsum"])
+@pytest.mark.parametrize("variant", ["kernel", "explicit", "wrapper", "single head"])
 def test_dropout_acts_in_training_only(variant):
-    noisy, wrapper, named = same_weights(dropout=0.5)
-    clean, _, _ = same_weights(dropout=0.0)
-    run = {"fast": noisy, "explicit": lambda x: noisy(x, return_weights=True)[0], "wrapper": wrapper,
-           "einsum": named}[variant]
-    x = torch.randn(2, 8, D_IN)
-    for module in (noisy, wrapper, named):
-        module.train()
-    first, second = run(x), run(x)
+    noisy_kernel, noisy_wrapper, noisy_explicit = same_weights(drop_rate=0.5)
+    clean_kernel, clean_wrapper, clean_explicit = same_weights(drop_rate=0.0)
+    torch.manual_seed(1)
+    noisy_head = build(CausalAttention, drop_rate=0.5)
+    clean_head = build(CausalAttention)
+    clean_head.load_state_dict(noisy_head.state_dict())
+    noisy, clean = {"kernel": (noisy_kernel, clean_kernel), "explicit": (noisy_explicit, clean_explicit),
+                    "wrapper": (noisy_wrapper, clean_wrapper), "single head": (noisy_head, clean_head)}[variant]
+    clean.eval()
+    x = torch.randn(2, 8, EMB)
+    noisy.train()
+    first, second = noisy(x), noisy(x)
     assert not close(first, second) and not close(first, clean(x))
-    for module in (noisy, wrapper, named):
-        module.eval()
-    assert torch.equal(run(x), run(x)) and close(run(x), clean(x))
+    noisy.eval()
+    assert torch.equal(noisy(x), noisy(x)) and close(noisy(x), clean(x))
 
 
-def test_returned_weights_are_the_pattern_before_dropout():
-    noisy, _, _ = same_weights(dropout=0.5)
-    _, weights = noisy.train()(torch.randn(1, 6, D_IN), return_weights=True)
+@pytest.mark.parametrize("cls", [MultiHeadAttention, MultiHeadAttentionEinsum])
+def test_attention_weights_are_the_pattern_before_dropout(cls):
+    torch.manual_seed(0)
+    noisy = build(cls, drop_rate=0.5).train()
+    x = torch.randn(1, 6, EMB)
+    weights = noisy.attention_weights(x)
     assert close(weights.sum(dim=-1), torch.ones(1, HEADS, 6))
+    assert torch.equal(weights, noisy.eval().attention_weights(x))
 
 
-# --- bad inputs --------------------------------------------------------------------------------------------
-
-def build(cls, d_in=D_IN, d_out=D_OUT, context_length=CONTEXT, dropout=0.0, num_heads=HEADS, qkv_bias=False):
-    if cls is CausalAttention:
-        return cls(d_in, d_out, context_length, dropout, qkv_bias=qkv_bias)
-    return cls(d_in, d_out, context_length, dropout, num_heads, qkv_bias=qkv_bias)
-
-
-ALL_CLASSES = VARIANTS + (CausalAttention,)
-
+# --- bad arguments --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cls", VARIANTS)
-def test_d_out_not_divisible_by_num_heads(cls):
-    message = ("d_out 16 is not divisible by num_heads 3: each head gets d_out / num_heads dimensions, "
-               "so pick num_heads among the divisors of 16")
+def test_multi_head_classes_take_a_gpt_config(cls):
+    message = "cfg must be a GPTConfig, got dict: build one with GPTConfig(...) or take one from GPT2_CONFIGS"
+    with pytest.raises(TypeError, match=re.escape(message)):
+        cls({"emb_dim": EMB, "n_heads": HEADS})
+
+
+def test_emb_dim_not_divisible_by_n_heads_is_refused_by_the_config():
+    message = ("emb_dim 16 is not divisible by n_heads 3: each head gets emb_dim / n_heads dimensions, "
+               "so pick n_heads among the divisors of 16")
     with pytest.raises(ValueError, match=re.escape(message)):
-        build(cls, num_heads=3)
+        config(n_heads=3)
 
 
-@pytest.mark.parametrize("cls", ALL_CLASSES)
 @pytest.mark.parametrize("error, message, kwargs", [
-    (ValueError, "d_in must be >= 1, got 0", dict(d_in=0)),
-    (ValueError, "d_out must be >= 1, got -4", dict(d_out=-4)),
+    (ValueError, "emb_dim must be >= 1, got 0", dict(emb_dim=0)),
+    (ValueError, "head_dim must be >= 1, got -4", dict(head_dim=-4)),
     (ValueError, "context_length must be >= 1, got 0", dict(context_length=0)),
-    (TypeError, "d_in must be an int, got 12.0 (float)", dict(d_in=12.0)),
+    (TypeError, "emb_dim must be an int, got 12.0 (float)", dict(emb_dim=12.0)),
     (TypeError, "context_length must be an int, got True (bool)", dict(context_length=True)),
-    (ValueError, "dropout must be in [0, 1), got 1.0: it is the probability of zeroing an attention weight, "
-                 "and 1 would zero them all", dict(dropout=1.0)),
-    (ValueError, "dropout must be in [0, 1), got -0.1", dict(dropout=-0.1)),
-    (TypeError, "dropout must be a float, got '0.1' (str)", dict(dropout="0.1")),
+    (ValueError, "drop_rate must be in [0, 1), got 1.0: it is the probability of zeroing an attention weight "
+                 "(0 turns dropout off, 1 would zero them all)", dict(drop_rate=1.0)),
+    (ValueError, "drop_rate must be in [0, 1), got -0.1", dict(drop_rate=-0.1)),
+    (TypeError, "drop_rate must be a number, got '0.1' (str)", dict(drop_rate="0.1")),
     (TypeError, "qkv_bias must be True or False, got 'yes'", dict(qkv_bias="yes")),
 ])
-def test_bad_constructor_arguments(cls, error, message, kwargs):
+def test_bad_single_head_arguments(error, message, kwargs):
+    args = {**dict(emb_dim=EMB, head_dim=SINGLE_HEAD_DIM, context_length=CONTEXT, drop_rate=0.0), **kwargs}
     with pytest.raises(error, match=re.escape(message)):
-        build(cls, **kwargs)
-
-
-@pytest.mark.parametrize("cls", VARIANTS)
-def test_non_positive_num_heads(cls):
-    with pytest.raises(ValueError, match=re.escape("num_heads must be >= 1, got 0")):
-        build(cls, num_heads=0)
+        CausalAttention(**args)
 
 
 @pytest.mark.parametrize("cls", ALL_CLASSES)
 @pytest.mark.parametrize("error, message, x", [
-    (ValueError, "x must be 3-D (batch, tokens, d_in), got shape (4, 12): for a single sequence add a batch "
-                 "dimension with x.unsqueeze(0)", torch.randn(4, D_IN)),
-    (ValueError, "x must be 3-D (batch, tokens, d_in), got shape (1, 2, 4, 12)", torch.randn(1, 2, 4, D_IN)),
-    (TypeError, "x must be a torch.Tensor of shape (batch, tokens, d_in), got list", [[[0.0] * D_IN]]),
-    (TypeError, "x has dtype torch.int64, but attention reads embedding vectors: turn token ids into vectors "
-                "with an embedding layer first", torch.ones(1, 3, D_IN, dtype=torch.long)),
+    (ValueError, "x must be shaped (batch, tokens, 16), got shape (4, 16) (for a single sequence add a batch "
+                 "dimension with .unsqueeze(0)): the layer was built for vectors of 16 numbers", torch.randn(4, EMB)),
+    (ValueError, "x must be shaped (batch, tokens, 16), got shape (1, 2, 4, 16)", torch.randn(1, 2, 4, EMB)),
+    (TypeError, "x must be a floating-point tensor of vectors, got list: token ids become vectors in an embedding "
+                "layer; other tensors convert with .float()", [[[0.0] * EMB]]),
+    (TypeError, "x must be a floating-point tensor of vectors, got dtype torch.int64",
+     torch.ones(1, 3, EMB, dtype=torch.long)),
     (TypeError, "x has dtype torch.float64 but the layer's weights are torch.float32: convert with "
-                "x.to(torch.float32)", torch.randn(1, 3, D_IN, dtype=torch.float64)),
-    (ValueError, "x has 8 features in its last dimension but the layer expects d_in 12: project the input to "
-                 "12 features or build the layer with d_in=8", torch.randn(2, 3, 8)),
-    (ValueError, "x has 0 tokens: pass at least one token per sequence", torch.randn(2, 0, D_IN)),
+                ".to(torch.float32) or the layer with .to(torch.float64)", torch.randn(1, 3, EMB, dtype=torch.float64)),
+    (ValueError, "x must be shaped (batch, tokens, 16), got shape (2, 3, 8) (for a single sequence add a batch "
+                 "dimension with .unsqueeze(0)): the layer was built for vectors of 16 numbers", torch.randn(2, 3, 8)),
+    (ValueError, "x has 0 tokens: pass at least one token per sequence", torch.randn(2, 0, EMB)),
     (ValueError, "x has 11 tokens, more than context_length 10: crop the input to the last 10 tokens",
-     torch.randn(1, CONTEXT + 1, D_IN)),
+     torch.randn(1, CONTEXT + 1, EMB)),
 ])
 def test_bad_inputs(cls, error, message, x):
     with pytest.raises(error, match=re.escape(message)):
         build(cls)(x)
 
 
+@pytest.mark.parametrize("cls", [MultiHeadAttention, MultiHeadAttentionEinsum])
+def test_bad_inputs_to_attention_weights(cls):
+    with pytest.raises(ValueError, match=re.escape("x has 11 tokens, more than context_length 10")):
+        build(cls).attention_weights(torch.randn(1, CONTEXT + 1, EMB))
+    with pytest.raises(ValueError, match=re.escape("x must be shaped (batch, tokens, 16), got shape (2, 3, 8)")):
+        build(cls).attention_weights(torch.randn(2, 3, 8))
+
+
 def test_cache_plus_new_tokens_longer_than_context():
-    fused = build(MultiHeadAttention)
+    kernel = build(MultiHeadAttention)
     cache = KVCache()
-    fused(torch.randn(1, 8, D_IN), kv_cache=cache)
+    kernel(torch.randn(1, 8, EMB), kv_cache=cache)
     message = ("3 new tokens plus 8 cached tokens = 11, more than context_length 10: crop the input to the "
                "last 10 tokens and start again with an empty KVCache")
     with pytest.raises(ValueError, match=re.escape(message)):
-        fused(torch.randn(1, 3, D_IN), kv_cache=cache)
+        kernel(torch.randn(1, 3, EMB), kv_cache=cache)
     assert len(cache) == 8  # a refused call leaves the cache as it was
-    fused(torch.randn(1, 2, D_IN), kv_cache=cache)  # exactly context_length is fine
+    kernel(torch.randn(1, 2, EMB), kv_cache=cache)  # exactly context_length is fine
     assert len(cache) == CONTEXT
 
 
 def test_kv_cache_that_does_not_match():
-    fused = build(MultiHeadAttention)
+    kernel = build(MultiHeadAttention)
     cache = KVCache()
-    fused(torch.randn(2, 3, D_IN), kv_cache=cache)
+    kernel(torch.randn(2, 3, EMB), kv_cache=cache)
     with pytest.raises(ValueError, match=re.escape(
             "kv_cache holds batch size 2 but the new keys have batch size 3: use a new KVCache() for each "
             "batch of sequences")):
-        fused(torch.randn(3, 1, D_IN), kv_cache=cache)
-    other = build(MultiHeadAttention, num_heads=2)
+        kernel(torch.randn(3, 1, EMB), kv_cache=cache)
+    other = build(MultiHeadAttention, n_heads=2)
     with pytest.raises(ValueError, match=re.escape(
             "kv_cache holds heads 4 but the new keys have heads 2: give each attention layer its own KVCache")):
-        other(torch.randn(2, 1, D_IN), kv_cache=cache)
+        other(torch.randn(2, 1, EMB), kv_cache=cache)
     with pytest.raises(ValueError, match=re.escape("kv_cache holds head_dim 4 but the new keys have head_dim 2")):
         cache.append(torch.randn(2, 4, 1, 2), torch.randn(2, 4, 1, 2))
     assert len(cache) == 3
-    with pytest.raises(TypeError, match=re.escape("kv_cache must be a KVCache or None, got dict")):
-        fused(torch.randn(2, 1, D_IN), kv_cache={})
+    with pytest.raises(TypeError, match=re.escape(
+            "kv_cache must be a KVCache, got dict: pass KVCache() for incremental mode, or None")):
+        kernel(torch.randn(2, 1, EMB), kv_cache={})
 
 
 def test_kv_cache_append_checks_its_arguments():
@@ -341,7 +401,7 @@ def test_kv_cache_append_checks_its_arguments():
     with pytest.raises(TypeError, match=re.escape("keys and values must be tensors, got Tensor and NoneType")):
         cache.append(torch.randn(1, 2, 3, 4), None)
     with pytest.raises(ValueError, match=re.escape(
-            "keys and values must both be (batch, num_heads, tokens, head_dim), got (1, 2, 3, 4) and (1, 2, 3)")):
+            "keys and values must both be (batch, n_heads, tokens, head_dim), got (1, 2, 3, 4) and (1, 2, 3)")):
         cache.append(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3))
     with pytest.raises(ValueError, match=re.escape("got (2, 3, 4) and (2, 3, 4)")):
         cache.append(torch.randn(2, 3, 4), torch.randn(2, 3, 4))
@@ -349,13 +409,13 @@ def test_kv_cache_append_checks_its_arguments():
 
 
 def test_copy_into_a_wrapper_of_another_shape():
-    fused = build(MultiHeadAttention)
-    message = ("fused has num_heads 4 and W_query weight (16, 12), wrapper has num_heads 2 and needs (16, 12): "
-               "build both with the same d_in, d_out and num_heads")
+    kernel = build(MultiHeadAttention)
+    message = ("fused has n_heads 4 and W_query weight (16, 16), wrapper has n_heads 2 and needs (16, 16): "
+               "build both from the same GPTConfig")
     with pytest.raises(ValueError, match=re.escape(message)):
-        copy_fused_weights_to_wrapper(fused, build(MultiHeadAttentionWrapper, num_heads=2))
-    with pytest.raises(ValueError, match=re.escape("needs (16, 8)")):
-        copy_fused_weights_to_wrapper(fused, build(MultiHeadAttentionWrapper, d_in=8))
+        copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, n_heads=2))
+    with pytest.raises(ValueError, match=re.escape("needs (8, 8)")):
+        copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, emb_dim=8))
     with pytest.raises(ValueError, match=re.escape(
-            "fused and wrapper disagree on qkv_bias: build both with the same qkv_bias")):
-        copy_fused_weights_to_wrapper(fused, build(MultiHeadAttentionWrapper, qkv_bias=True))
+            "fused and wrapper disagree on qkv_bias: build both from the same GPTConfig")):
+        copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, qkv_bias=True))

@@ -1,9 +1,11 @@
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.attention import KVCache
+from course_lib.attention import KVCache, MultiHeadAttention
 from course_lib.block import TransformerBlock
 from course_lib.config import GPT2_CONFIGS, GPTConfig
 
@@ -45,6 +47,13 @@ def test_parameter_count_follows_12d2_plus_13d(emb_dim, n_heads, qkv_bias):
     assert sum(p.numel() for p in block.parameters()) == 12 * d * d + 13 * d - (0 if qkv_bias else 3 * d)
 
 
+def test_attention_is_built_from_the_config():
+    block = TransformerBlock(GPTConfig(emb_dim=48, n_heads=3, context_length=8, drop_rate=0.25, qkv_bias=False))
+    att = block.att
+    assert type(att) is MultiHeadAttention and att.W_query.bias is None
+    assert (att.emb_dim, att.n_heads, att.head_dim, att.context_length, att.drop_rate) == (48, 3, 16, 8, 0.25)
+
+
 def test_block_with_zero_sublayers_is_the_identity():
     block = small_block()
     block.att, block.ff = Zero(), Zero()
@@ -74,8 +83,8 @@ def test_block_equals_pytorch_pre_ln_encoder_layer_with_a_causal_mask():
         ref.self_attn.in_proj_weight.copy_(torch.cat([att.W_query.weight, att.W_key.weight, att.W_value.weight]))
         ref.self_attn.in_proj_bias.copy_(torch.cat([att.W_query.bias, att.W_key.bias, att.W_value.bias]))
         ref.self_attn.out_proj.load_state_dict(att.out_proj.state_dict())
-        ref.linear1.load_state_dict(block.ff.layers[0].state_dict())
-        ref.linear2.load_state_dict(block.ff.layers[2].state_dict())
+        ref.linear1.load_state_dict(block.ff.fc.state_dict())
+        ref.linear2.load_state_dict(block.ff.proj.state_dict())
         for theirs, ours in ((ref.norm1, block.norm1), (ref.norm2, block.norm2)):
             theirs.weight.copy_(ours.scale)
             theirs.bias.copy_(ours.shift)
@@ -103,15 +112,18 @@ def test_dropout_is_active_in_training_and_off_in_eval():
 
 
 def test_cfg_must_be_a_gpt_config():
-    with pytest.raises(TypeError, match=r"cfg must be a GPTConfig, got dict"):
+    with pytest.raises(TypeError, match=re.escape("cfg must be a GPTConfig, got dict: build one with GPTConfig(...) "
+                                                  "or take one from GPT2_CONFIGS")):
         TransformerBlock({"emb_dim": 768})
 
 
 def test_bad_inputs_are_caught_by_the_layers_with_clear_messages():
     block = small_block()
-    with pytest.raises(ValueError, match=r"LayerNorm was built for emb_dim 32 but got last dimension 16"):
+    with pytest.raises(ValueError, match=re.escape("x must be shaped (..., 32), got shape (2, 4, 16): the layer was "
+                                                   "built for vectors of 32 numbers")):
         block(torch.randn(2, 4, 16))
     with pytest.raises(ValueError, match=r"x has 17 tokens, more than context_length 16"):
         block(torch.randn(1, 17, 32))
-    with pytest.raises(TypeError, match=r"kv_cache must be a KVCache or None, got list"):
+    with pytest.raises(TypeError, match=re.escape("kv_cache must be a KVCache, got list: pass KVCache() for "
+                                                  "incremental mode, or None")):
         block(torch.randn(1, 3, 32), [])
