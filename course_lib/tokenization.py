@@ -2,13 +2,15 @@
 
 # %% auto #0
 __all__ = ['GPT2_SPLIT_PATTERN', 'DATA_DIR', 'GPT2_BPE_FILES', 'check_token_ids', 'CharTokenizer', 'split_words', 'count_pairs',
-           'merge_pair', 'check_int', 'train_bpe', 'BPETokenizer', 'gpt2_tokenizer', 'gpt2_merges', 'GPTDataset',
+           'merge_pair', 'train_bpe', 'BPETokenizer', 'gpt2_tokenizer', 'gpt2_merges', 'GPTDataset',
            'create_dataloader']
 
 # %% ../notebooks/01_tokenization.ipynb #5d46c9bb
 import numbers
 from collections.abc import Iterable
 import torch
+
+from .guards import EOS_ID, check_bool, check_int, check_type
 
 
 def check_token_ids(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
@@ -54,8 +56,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> "CharTokenizer":
         """The vocabulary is the sorted set of characters that occur in `text`."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
         if not text:
             raise ValueError("text is empty: there are no characters to build a vocabulary from")
         return cls(sorted(set(text)))
@@ -65,8 +66,7 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
         ids = []
         for position, ch in enumerate(text):
             if ch not in self.stoi:
@@ -117,25 +117,16 @@ def merge_pair(symbols: tuple[bytes, ...], pair: tuple[bytes, bytes]) -> tuple[b
     return tuple(merged)
 
 # %% ../notebooks/01_tokenization.ipynb #62a108e0
-def check_int(name: str, value, minimum: int) -> None:
-    """Raise TypeError unless `value` is an int, ValueError unless it is >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 def train_bpe(text: str, num_merges: int) -> list[tuple[bytes, bytes]]:
     """Learn up to `num_merges` byte-pair merges from `text`, GPT-2 style.
 
     Works on the UTF-8 bytes of each split_words chunk, so no merge crosses a chunk boundary. Each step
     merges the most frequent adjacent pair; a tie goes to the pair that sorts first as (left, right)
     bytes. Stops early when every chunk is a single symbol."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
     if not text:
         raise ValueError("text is empty: BPE learns its merges from pair counts, so it needs some text")
-    check_int("num_merges", num_merges, 0)
+    check_int("num_merges", num_merges, minimum=0)
     words = Counter(tuple(bytes([b]) for b in chunk.encode("utf-8")) for chunk in split_words(text))
     merges = []
     for _ in range(num_merges):
@@ -174,8 +165,7 @@ class BPETokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Apply the merges to each chunk, always the earliest-learned pair first, as GPT-2 does."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
         ids = []
         for chunk in split_words(text):
             symbols = tuple(bytes([b]) for b in chunk.encode("utf-8"))
@@ -223,7 +213,7 @@ def gpt2_tokenizer() -> tiktoken.Encoding:
         str(DATA_DIR / "vocab.bpe"), str(DATA_DIR / "encoder.json"),
         vocab_bpe_hash=GPT2_BPE_FILES["vocab.bpe"], encoder_json_hash=GPT2_BPE_FILES["encoder.json"])
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+                             special_tokens={"<|endoftext|>": EOS_ID}, explicit_n_vocab=50257)
 
 # %% ../notebooks/01_tokenization.ipynb #338146eb
 def gpt2_merges() -> list[tuple[bytes, bytes]]:
@@ -248,8 +238,8 @@ class GPTDataset(Dataset):
     is the same span shifted one token to the right."""
 
     def __init__(self, token_ids, context_length: int, stride: int):
-        check_int("context_length", context_length, 1)
-        check_int("stride", stride, 1)
+        check_int("context_length", context_length, minimum=1)
+        check_int("stride", stride, minimum=1)
         ids = check_token_ids(token_ids, name="token_ids")
         if not ids:
             raise ValueError("token_ids is empty: encode a non-empty text first")
@@ -277,11 +267,10 @@ def create_dataloader(token_ids, batch_size: int, context_length: int, stride: i
     """Batches of (inputs, targets), each (batch_size, context_length), from a token stream.
 
     Shuffling draws from a torch.Generator seeded with `seed`: the same seed gives the same batches."""
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
-    for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("seed", seed, minimum=0)
+    check_bool("shuffle", shuffle)
+    check_bool("drop_last", drop_last)
     dataset = GPTDataset(token_ids, context_length, stride)
     if drop_last and len(dataset) < batch_size:
         raise ValueError(f"batch_size {batch_size} is larger than the {len(dataset)} windows, so drop_last=True "

@@ -27,7 +27,7 @@ def test_one_hot_times_weight_equals_lookup():
 
 @pytest.mark.parametrize("emb_dim", [6, 7, 16, 1])
 def test_sinusoidal_values_match_the_formula(emb_dim):
-    table = SinusoidalPositionalEmbedding(emb_dim, max_len=200)(200)
+    table = SinusoidalPositionalEmbedding(emb_dim, context_length=200)(200)
     assert table.shape == (200, emb_dim)
     for p in (0, 1, 5, 63, 199):
         for j in range(emb_dim):
@@ -37,18 +37,18 @@ def test_sinusoidal_values_match_the_formula(emb_dim):
 
 
 def test_sinusoidal_odd_dim_is_the_even_formula_with_the_last_column_a_sine():
-    odd = SinusoidalPositionalEmbedding(7, max_len=50)(50)
+    odd = SinusoidalPositionalEmbedding(7, context_length=50)(50)
     assert torch.allclose(odd[:, 6], torch.sin(torch.arange(50.0) / 10000 ** (6 / 7)), atol=1e-6)
     assert torch.equal(odd[0], torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]))
 
 
 def test_sinusoidal_start_pos_slices_the_table():
-    pe = SinusoidalPositionalEmbedding(10, max_len=20)
+    pe = SinusoidalPositionalEmbedding(10, context_length=20)
     assert torch.equal(pe(4, start_pos=7), pe(20)[7:11])
 
 
 def test_sinusoidal_table_is_a_buffer_not_a_parameter():
-    pe = SinusoidalPositionalEmbedding(8, max_len=16)
+    pe = SinusoidalPositionalEmbedding(8, context_length=16)
     assert list(pe.parameters()) == []
     assert [name for name, _ in pe.named_buffers()] == ["table"]
     assert "table" not in pe.state_dict()  # recomputed, never saved
@@ -56,23 +56,23 @@ def test_sinusoidal_table_is_a_buffer_not_a_parameter():
 
 
 def test_sinusoidal_table_moves_with_to():
-    pe = SinusoidalPositionalEmbedding(8, max_len=16).to(torch.float64)
+    pe = SinusoidalPositionalEmbedding(8, context_length=16).to(torch.float64)
     assert pe(3).dtype == torch.float64
-    meta = SinusoidalPositionalEmbedding(8, max_len=16).to("meta")
+    meta = SinusoidalPositionalEmbedding(8, context_length=16).to("meta")
     assert meta(3).device.type == "meta"
 
 
 def test_sinusoidal_similarity_depends_only_on_distance():
-    table = SinusoidalPositionalEmbedding(64, max_len=300)(300)
+    table = SinusoidalPositionalEmbedding(64, context_length=300)(300)
     sims = torch.stack([table[p] @ table[p : p + 50].T for p in (0, 30, 100, 250)])  # (4, 50)
     assert torch.allclose(sims, sims[0].expand_as(sims), atol=1e-4)
 
 
 @pytest.mark.parametrize("args, error, message", [
     ((0, 10), ValueError, "emb_dim must be >= 1, got 0"),
-    ((8, 0), ValueError, "max_len must be >= 1, got 0"),
+    ((8, 0), ValueError, "context_length must be >= 1, got 0"),
     ((8.0, 10), TypeError, r"emb_dim must be an int, got 8.0 \(float\)"),
-    ((8, True), TypeError, r"max_len must be an int, got True \(bool\)"),
+    ((8, True), TypeError, r"context_length must be an int, got True \(bool\)"),
 ])
 def test_sinusoidal_rejects_bad_sizes(args, error, message):
     with pytest.raises(error, match=message):
@@ -82,15 +82,15 @@ def test_sinusoidal_rejects_bad_sizes(args, error, message):
 @pytest.mark.parametrize("args, error, message", [
     ((0,), ValueError, "num_tokens must be >= 1, got 0"),
     ((3, -1), ValueError, "start_pos must be >= 0, got -1"),
-    ((17,), ValueError, r"start_pos 0 \+ 17 tokens need positions 0..16 but max_len is 16; "
-                        r"build the module with max_len >= 17"),
-    ((2, 15), ValueError, "need positions 15..16 but max_len is 16"),
+    ((17,), ValueError, r"start_pos 0 \+ 17 tokens need positions 0..16 but context_length is 16; "
+                        r"build the module with context_length >= 17"),
+    ((2, 15), ValueError, "need positions 15..16 but context_length is 16"),
     ((torch.tensor(3),), TypeError, r"num_tokens must be an int, got tensor\(3\) \(Tensor\)"),
     ((3, 1.0), TypeError, r"start_pos must be an int, got 1.0 \(float\)"),
 ])
 def test_sinusoidal_forward_rejects_bad_arguments(args, error, message):
     with pytest.raises(error, match=message):
-        SinusoidalPositionalEmbedding(8, max_len=16)(*args)
+        SinusoidalPositionalEmbedding(8, context_length=16)(*args)
 
 
 def test_gpt_embedding_names_and_sizes(layer):
@@ -154,15 +154,17 @@ def test_gradients_reach_only_the_rows_used(layer):
 
 
 def test_gpt_embedding_rejects_a_dict_config():
-    with pytest.raises(TypeError, match="cfg must be a GPTConfig, got dict; build one with GPTConfig"):
+    with pytest.raises(TypeError, match=r"cfg must be a GPTConfig, got dict: build one with GPTConfig\(...\) or take "
+                                        r"one from GPT2_CONFIGS"):
         GPTEmbedding({"vocab_size": 10, "emb_dim": 4, "context_length": 8, "drop_rate": 0.0})
 
 
 @pytest.mark.parametrize("ids, kwargs, error, message", [
     (torch.tensor([[1, 50300, 2]]), {}, ValueError,
-     "token id 50300 >= vocab_size 50257: the ids come from a larger vocabulary"),
-    (torch.tensor([[50257]]), {}, ValueError, "token id 50257 >= vocab_size 50257"),
-    (torch.tensor([[5, -1]]), {}, ValueError, r"token id -1 < 0: token ids index the vocabulary, 0..50256"),
+     "token_ids holds token id 50300 >= vocab_size 50257: the ids come from a larger vocabulary"),
+    (torch.tensor([[50257]]), {}, ValueError, "token_ids holds token id 50257 >= vocab_size 50257"),
+    (torch.tensor([[5, -1]]), {}, ValueError,
+     r"token_ids holds token id -1 < 0: token ids index the vocabulary, 0 \.\. 50256$"),
     (torch.zeros(1, 33, dtype=torch.long), {}, ValueError,
      r"start_pos 0 \+ 33 tokens need positions 0..32 but context_length is 32; "
      r"crop the input to the last 32 tokens$"),
@@ -171,20 +173,21 @@ def test_gpt_embedding_rejects_a_dict_config():
      r"32 tokens and restart at start_pos 0 \(reset the KV cache\)"),
     (torch.zeros(1, 1, dtype=torch.long), {"start_pos": -1}, ValueError, "start_pos must be >= 0, got -1"),
     (torch.zeros(1, 1, dtype=torch.long), {"start_pos": 2.0}, TypeError,
-     r"start_pos must be an int, got 2.0 \(float\); pass a Python int, e.g. int\(start_pos\)"),
+     r"^start_pos must be an int, got 2.0 \(float\)$"),
     (torch.zeros(1, 1, dtype=torch.long), {"start_pos": torch.tensor(2)}, TypeError,
      r"start_pos must be an int, got tensor\(2\) \(Tensor\)"),
     (torch.tensor([1, 2, 3]), {}, ValueError,
-     r"token_ids must have shape \(batch, tokens\), got shape \(3,\); for a single sequence use "
-     r"token_ids.unsqueeze\(0\)"),
+     r"token_ids must be 2-D \(batch, tokens\), got shape \(3,\): for a single sequence add a batch "
+     r"dimension with \.unsqueeze\(0\)"),
     (torch.zeros(1, 2, 3, dtype=torch.long), {}, ValueError, r"got shape \(1, 2, 3\)"),
     (torch.tensor([[1.0, 2.0]]), {}, TypeError,
-     r"token_ids must hold integer token ids, got dtype torch.float32; convert with token_ids.long\(\)"),
+     r"token_ids must hold integer token ids, got dtype torch.float32: convert with \.long\(\)"),
     (torch.tensor([[True, False]]), {}, TypeError, "got dtype torch.bool"),
     (torch.zeros(2, 0, dtype=torch.long), {}, ValueError,
-     r"token_ids is empty, shape \(2, 0\); pass at least one sequence of at least one token"),
+     r"token_ids is empty, shape \(2, 0\): pass at least one token"),
     (torch.zeros(0, 4, dtype=torch.long), {}, ValueError, r"token_ids is empty, shape \(0, 4\)"),
-    ([[1, 2, 3]], {}, TypeError, r"token_ids must be a torch.Tensor of shape \(batch, tokens\), got list"),
+    ([[1, 2, 3]], {}, TypeError,
+     r"token_ids must be a torch.Tensor of token ids, got list: wrap a list of ids with torch.tensor"),
 ])
 def test_gpt_embedding_rejects_bad_input(layer, ids, kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -192,8 +195,7 @@ def test_gpt_embedding_rejects_bad_input(layer, ids, kwargs, error, message):
 
 
 def test_gpt_embedding_rejects_ids_on_another_device(layer):
-    with pytest.raises(ValueError, match="token_ids are on cpu but the embedding weights are on meta; "
-                                         r"move them with token_ids.to\(...\)"):
+    with pytest.raises(ValueError, match=r"token_ids is on cpu but the model is on meta: move it with \.to\(\.\.\.\)"):
         layer.to("meta")(torch.tensor([[1, 2]]))
 
 
