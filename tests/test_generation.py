@@ -5,9 +5,10 @@ import torch
 from torch import nn
 
 from course_lib.config import GPTConfig
-from course_lib.generation import (EOS_ID, check_generation_args, check_generator, check_logits,
-                                   check_sampling_args, eval_mode, generate, generate_text_simple,
-                                   sample_next_token, scale_logits, top_k_filter, top_p_filter)
+from course_lib.generation import (check_generation_args, check_generator, check_logits, check_sampling_args,
+                                   eval_mode, generate, generate_text_simple, sample_next_token, scale_logits,
+                                   top_k_filter, top_p_filter)
+from course_lib.guards import EOS_ID
 from course_lib.model import GPTModel
 
 CFG = GPTConfig(vocab_size=97, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.1)
@@ -29,52 +30,53 @@ def prompts(batch, tokens, seed):
 
 @pytest.mark.parametrize("batch, tokens, new", [(1, 1, 15), (2, 3, 13), (3, 8, 8), (1, 15, 1), (2, 16, 0)])
 def test_cache_gives_the_same_tokens_up_to_the_context_limit(model, batch, tokens, new):
-    idx = prompts(batch, tokens, seed=tokens)
-    cached = generate(model, idx, new, use_cache=True)
-    plain = generate(model, idx, new, use_cache=False)
+    token_ids = prompts(batch, tokens, seed=tokens)
+    cached = generate(model, token_ids, new, use_cache=True)
+    plain = generate(model, token_ids, new, use_cache=False)
     assert cached.shape == (batch, tokens + new)
-    assert torch.equal(cached[:, :tokens], idx)
+    assert torch.equal(cached[:, :tokens], token_ids)
     assert torch.equal(cached, plain)
 
 
-@pytest.mark.parametrize("context_size", [1, 5, CFG.context_length])
+@pytest.mark.parametrize("context_length", [1, 5, CFG.context_length])
 @pytest.mark.parametrize("tokens, new", [(4, 30), (20, 10)])
-def test_cache_gives_the_same_tokens_past_the_context_with_cropping(model, context_size, tokens, new):
-    idx = prompts(2, tokens, seed=context_size)
-    cached = generate(model, idx, new, context_size=context_size, use_cache=True)
-    plain = generate(model, idx, new, context_size=context_size, use_cache=False)
+def test_cache_gives_the_same_tokens_past_the_context_with_cropping(model, context_length, tokens, new):
+    token_ids = prompts(2, tokens, seed=context_length)
+    cached = generate(model, token_ids, new, context_length=context_length, use_cache=True)
+    plain = generate(model, token_ids, new, context_length=context_length, use_cache=False)
     assert cached.shape == (2, tokens + new)
     assert torch.equal(cached, plain)
 
 
 def test_cache_gives_the_same_samples_with_the_same_seed(model):
-    idx = prompts(2, 3, seed=1)
-    runs = [generate(model, idx, 20, context_size=10, temperature=1.0, top_k=20, use_cache=use_cache,
+    token_ids = prompts(2, 3, seed=1)
+    runs = [generate(model, token_ids, 20, context_length=10, temperature=1.0, top_k=20, use_cache=use_cache,
                      generator=torch.Generator().manual_seed(5)) for use_cache in (True, False)]
     assert torch.equal(*runs)
 
 
-@pytest.mark.parametrize("context_size, tokens, new", [(CFG.context_length, 4, 12), (6, 4, 20), (1, 2, 5)])
-def test_greedy_generate_equals_generate_text_simple(model, context_size, tokens, new):
-    idx = prompts(3, tokens, seed=7)
-    simple = generate_text_simple(model, idx, new, context_size)
-    assert torch.equal(generate(model, idx, new, context_size=context_size), simple)
-    assert torch.equal(generate(model, idx, new, context_size=context_size, use_cache=False), simple)
+@pytest.mark.parametrize("context_length, tokens, new", [(CFG.context_length, 4, 12), (6, 4, 20), (1, 2, 5)])
+def test_greedy_generate_equals_generate_text_simple(model, context_length, tokens, new):
+    token_ids = prompts(3, tokens, seed=7)
+    simple = generate_text_simple(model, token_ids, new, context_length)
+    assert torch.equal(generate(model, token_ids, new, context_length=context_length), simple)
+    assert torch.equal(generate(model, token_ids, new, context_length=context_length, use_cache=False), simple)
 
 
 def test_generate_text_simple_without_cropping_uses_the_whole_context(model):
-    idx = prompts(1, 4, seed=3)
-    assert torch.equal(generate_text_simple(model, idx, 12, None), generate(model, idx, 12))
+    token_ids = prompts(1, 4, seed=3)
+    assert torch.equal(generate_text_simple(model, token_ids, 12, None), generate(model, token_ids, 12))
 
 
 def test_generation_runs_in_eval_mode_and_restores_every_module_mode(model):
-    idx = prompts(2, 3, seed=2)
-    expected = generate(model, idx, 10)
+    token_ids = prompts(2, 3, seed=2)
+    expected = generate(model, token_ids, 10)
     model.train()
     model.trf_blocks[0].eval()  # a mixed state must come back as it was
     try:
-        assert torch.equal(generate(model, idx, 10), expected)  # dropout was off
-        assert torch.equal(generate_text_simple(model, idx, 10, 8), generate(model, idx, 10, context_size=8))
+        assert torch.equal(generate(model, token_ids, 10), expected)  # dropout was off
+        assert torch.equal(generate_text_simple(model, token_ids, 10, 8),
+                           generate(model, token_ids, 10, context_length=8))
         assert model.training and not model.trf_blocks[0].training and model.trf_blocks[1].training
         assert not model.trf_blocks[0].att.training and model.trf_blocks[1].att.training
     finally:
@@ -96,9 +98,9 @@ def test_generate_computes_no_gradients(model):
 
 
 def test_max_new_tokens_zero_returns_the_prompt(model):
-    idx = prompts(2, 5, seed=4)
-    assert torch.equal(generate(model, idx, 0), idx)
-    assert torch.equal(generate_text_simple(model, idx, 0, 5), idx)
+    token_ids = prompts(2, 5, seed=4)
+    assert torch.equal(generate(model, token_ids, 0), token_ids)
+    assert torch.equal(generate_text_simple(model, token_ids, 0, 5), token_ids)
 
 
 # --- the sampling pieces ------------------------------------------------------------------------------------
@@ -184,10 +186,11 @@ def test_temperature_zero_is_argmax_whatever_the_filters():
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens(model):
-    idx = prompts(2, 3, seed=9)
+    token_ids = prompts(2, 3, seed=9)
 
     def run(seed):
-        return generate(model, idx, 12, temperature=1.5, top_p=0.95, generator=torch.Generator().manual_seed(seed))
+        return generate(model, token_ids, 12, temperature=1.5, top_p=0.95,
+                        generator=torch.Generator().manual_seed(seed))
 
     assert torch.equal(run(1), run(1))
     assert not torch.equal(run(1), run(2))
@@ -209,10 +212,10 @@ def finish_at(rows: torch.Tensor, prompt_len: int, eos_id: int) -> list[list[int
 
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_eos_fills_finished_rows_and_stops_when_all_are_done(model, use_cache):
-    idx = prompts(4, 3, seed=11)
-    free = generate(model, idx, 12, use_cache=use_cache)
+    token_ids = prompts(4, 3, seed=11)
+    free = generate(model, token_ids, 12, use_cache=use_cache)
     eos_id = free[0, 5].item()  # the third token row 0 produces plays the end-of-text token
-    stopped = generate(model, idx, 12, eos_id=eos_id, use_cache=use_cache)
+    stopped = generate(model, token_ids, 12, eos_id=eos_id, use_cache=use_cache)
     assert stopped.shape == free.shape  # not every row produces eos_id, so all 12 steps run
     assert stopped.tolist() == finish_at(free, 3, eos_id)
     assert (stopped[0, 5:] == eos_id).all()
@@ -220,11 +223,11 @@ def test_eos_fills_finished_rows_and_stops_when_all_are_done(model, use_cache):
 
 
 def test_generation_stops_early_once_every_row_finished(model):
-    idx = prompts(1, 3, seed=11).repeat(2, 1)  # two copies: both finish at the same step
-    free = generate(model, idx, 12)
+    token_ids = prompts(1, 3, seed=11).repeat(2, 1)  # two copies: both finish at the same step
+    free = generate(model, token_ids, 12)
     eos_id = free[0, 5].item()
     first = free[0, 3:].tolist().index(eos_id)  # eos_id may already come earlier than step 2
-    stopped = generate(model, idx, 12, eos_id=eos_id)
+    stopped = generate(model, token_ids, 12, eos_id=eos_id)
     assert stopped.shape == (2, 3 + first + 1)
     assert torch.equal(stopped, free[:, : 3 + first + 1])
 
@@ -240,56 +243,64 @@ GOOD = torch.tensor([[1, 2, 3]])
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(idx=torch.zeros(1, 0, dtype=torch.long)), ValueError, "idx is empty, shape (1, 0)"),
-    (dict(idx=torch.zeros(0, 3, dtype=torch.long)), ValueError, "idx is empty, shape (0, 3)"),
-    (dict(idx=torch.tensor([[1, 97]])), ValueError, "idx holds token id 97 >= vocab_size 97"),
-    (dict(idx=torch.tensor([[-1, 2]])), ValueError, "idx holds token id -1 < 0"),
-    (dict(idx=torch.tensor([1, 2, 3])), ValueError, "idx must be 2-D (batch, tokens), got shape (3,)"),
-    (dict(idx=torch.tensor([[1.0, 2.0]])), TypeError, "idx must hold integer token ids, got dtype torch.float32"),
-    (dict(idx=[[1, 2, 3]]), TypeError, "idx must be a torch.Tensor of token ids (batch, tokens), got list"),
+    (dict(token_ids=torch.zeros(1, 0, dtype=torch.long)), ValueError,
+     "token_ids is empty, shape (1, 0): pass at least one token (to start from nothing, use <|endoftext|>, id 50256)"),
+    (dict(token_ids=torch.zeros(0, 3, dtype=torch.long)), ValueError,
+     "token_ids is empty, shape (0, 3): pass at least one token"),
+    (dict(token_ids=torch.tensor([[1, 97]])), ValueError, "token_ids holds token id 97 >= vocab_size 97"),
+    (dict(token_ids=torch.tensor([[-1, 2]])), ValueError, "token_ids holds token id -1 < 0"),
+    (dict(token_ids=torch.tensor([1, 2, 3])), ValueError, "token_ids must be 2-D (batch, tokens), got shape (3,)"),
+    (dict(token_ids=torch.tensor([[1.0, 2.0]])), TypeError,
+     "token_ids must hold integer token ids, got dtype torch.float32: convert with .long()"),
+    (dict(token_ids=[[1, 2, 3]]), TypeError, "token_ids must be a torch.Tensor of token ids, got list: wrap a list"),
     (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be >= 0, got -1"),
     (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int, got 2.0"),
     (dict(max_new_tokens=14), ValueError, "a prompt of 3 tokens + max_new_tokens 14 = 17 tokens, more than "
-                                          "context_length 16, and cropping is off"),
-    (dict(idx=torch.zeros(1, 17, dtype=torch.long), max_new_tokens=0), ValueError,
-     "a prompt of 17 tokens + max_new_tokens 0 = 17 tokens, more than context_length 16"),
-    (dict(context_size=0), ValueError, "context_size must be in [1, context_length 16], got 0"),
-    (dict(context_size=17), ValueError, "context_size must be in [1, context_length 16], got 17"),
-    (dict(context_size=4.0), TypeError, "context_size must be None or an int, got 4.0"),
-    (dict(temperature=-0.5), ValueError, "temperature must be a finite number >= 0, got -0.5"),
-    (dict(temperature=float("nan")), ValueError, "temperature must be a finite number >= 0, got nan"),
+                                          "the model's context_length 16, and cropping is off: shorten the "
+                                          "prompt or max_new_tokens, or pass context_length=16 to keep only "
+                                          "the last 16 tokens"),
+    (dict(token_ids=torch.zeros(1, 17, dtype=torch.long), max_new_tokens=0), ValueError,
+     "a prompt of 17 tokens + max_new_tokens 0 = 17 tokens, more than the model's context_length 16"),
+    (dict(context_length=0), ValueError, "context_length must be in [1, 16], got 0: it is how many of the "
+                                       "last tokens the model reads, at most the model's own context_length"),
+    (dict(context_length=17), ValueError, "context_length must be in [1, 16], got 17"),
+    (dict(context_length=4.0), TypeError, "context_length must be an int, got 4.0 (float)"),
+    (dict(temperature=-0.5), ValueError, "temperature must be in [0, inf), got -0.5: 0 means greedy (argmax)"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be in [0, inf), got nan"),
     (dict(temperature="hot"), TypeError, "temperature must be a number, got 'hot' (str)"),
-    (dict(top_k=0), ValueError, "top_k must be None (no limit) or an int >= 1, got 0"),
-    (dict(top_k=2.5), TypeError, "top_k must be None or an int, got 2.5 (float)"),
-    (dict(top_p=0.0), ValueError, "top_p must be None (off) or in (0, 1], got 0.0"),
-    (dict(top_p=1.5), ValueError, "top_p must be None (off) or in (0, 1], got 1.5"),
-    (dict(top_p="0.9"), TypeError, "top_p must be None or a number, got '0.9' (str)"),
-    (dict(eos_id=97), ValueError, "eos_id must be None or a token id in [0, 96], got 97"),
-    (dict(eos_id=-1), ValueError, "eos_id must be None or a token id in [0, 96], got -1"),
+    (dict(top_k=0), ValueError, "top_k must be >= 1, got 0"),
+    (dict(top_k=2.5), TypeError, "top_k must be an int, got 2.5 (float)"),
+    (dict(top_p=0.0), ValueError, "top_p must be in (0, 1], got 0.0: top_p=0.9 keeps the most likely"),
+    (dict(top_p=1.5), ValueError, "top_p must be in (0, 1], got 1.5"),
+    (dict(top_p="0.9"), TypeError, "top_p must be a number, got '0.9' (str)"),
+    (dict(eos_id=97), ValueError, "eos_id must be in [0, 96], got 97: for GPT-2's <|endoftext|> pass 50256"),
+    (dict(eos_id=-1), ValueError, "eos_id must be in [0, 96], got -1"),
+    (dict(eos_id=2.0), TypeError, "eos_id must be an int, got 2.0 (float)"),
     (dict(use_cache=1), TypeError, "use_cache must be True or False, got 1"),
-    (dict(generator=123), TypeError, "generator must be None or a torch.Generator, got int"),
+    (dict(generator=123), TypeError, "generator must be a Generator, got int: create one with "
+                                  "torch.Generator(device=...).manual_seed(123)"),
     (dict(model=nn.Linear(2, 2)), TypeError, "model must be a GPTModel (an nn.Module with a GPTConfig in "
-                                             "model.cfg), got Linear"),
+                                             "model.cfg), got Linear: build one with GPTModel(cfg)"),
 ])
 def test_generate_rejects_bad_inputs(model, kwargs, error, message):
-    args = dict(model=model, idx=GOOD, max_new_tokens=2) | kwargs
+    args = dict(model=model, token_ids=GOOD, max_new_tokens=2) | kwargs
     with pytest.raises(error, match=re.escape(message)):
         generate(**args)
 
 
-@pytest.mark.parametrize("idx, new, context_size, message", [
-    (torch.zeros(1, 0, dtype=torch.long), 2, 4, "idx is empty"),
-    (torch.tensor([[100]]), 2, 4, "idx holds token id 100 >= vocab_size 97"),
+@pytest.mark.parametrize("token_ids, new, context_length, message", [
+    (torch.zeros(1, 0, dtype=torch.long), 2, 4, "token_ids is empty"),
+    (torch.tensor([[100]]), 2, 4, "token_ids holds token id 100 >= vocab_size 97"),
     (GOOD, -2, 4, "max_new_tokens must be >= 0, got -2"),
-    (GOOD, 2, 0, "context_size must be in [1, context_length 16], got 0"),
+    (GOOD, 2, 0, "context_length must be in [1, 16], got 0"),
     (GOOD, 20, None, "a prompt of 3 tokens + max_new_tokens 20 = 23 tokens"),
 ])
-def test_generate_text_simple_rejects_bad_inputs(model, idx, new, context_size, message):
+def test_generate_text_simple_rejects_bad_inputs(model, token_ids, new, context_length, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        generate_text_simple(model, idx, new, context_size)
+        generate_text_simple(model, token_ids, new, context_length)
 
 
-def test_check_generation_args_returns_the_window(model):
+def test_check_generation_args_returns_the_context_length_it_uses(model):
     assert check_generation_args(model, GOOD, 5, None) == 16
     assert check_generation_args(model, GOOD, 100, 7) == 7
 
@@ -303,28 +314,29 @@ def test_generator_on_another_device_is_rejected():
         check_generator(FakeGenerator(), torch.device("cpu"))
 
 
-def test_idx_on_another_device_than_the_model_is_rejected(model):
-    meta_idx = GOOD.to("meta")
-    with pytest.raises(ValueError, match=re.escape("idx is on meta but the model is on cpu: move the prompt")):
-        generate(model, meta_idx, 2)
+def test_token_ids_on_another_device_than_the_model_is_rejected(model):
+    meta_token_ids = GOOD.to("meta")
+    with pytest.raises(ValueError, match=re.escape("token_ids is on meta but the model is on cpu: move it with "
+                                                   ".to(...)")):
+        generate(model, meta_token_ids, 2)
 
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda: scale_logits(EXAMPLE, 0), ValueError, "temperature 0 cannot scale logits"),
-    (lambda: scale_logits(EXAMPLE, -1.0), ValueError, "temperature must be a finite number >= 0, got -1.0"),
-    (lambda: scale_logits(EXAMPLE, float("inf")), ValueError, "temperature must be a finite number >= 0, got inf"),
-    (lambda: top_k_filter(EXAMPLE, 0), ValueError, "top_k must be None (no limit) or an int >= 1, got 0"),
-    (lambda: top_k_filter(EXAMPLE, True), TypeError, "top_k must be None or an int, got True (bool)"),
-    (lambda: top_p_filter(EXAMPLE, 0), ValueError, "top_p must be None (off) or in (0, 1], got 0"),
-    (lambda: top_p_filter(EXAMPLE, 1.01), ValueError, "top_p must be None (off) or in (0, 1], got 1.01"),
+    (lambda: scale_logits(EXAMPLE, -1.0), ValueError, "temperature must be in [0, inf), got -1.0"),
+    (lambda: scale_logits(EXAMPLE, float("inf")), ValueError, "temperature must be in [0, inf), got inf"),
+    (lambda: top_k_filter(EXAMPLE, 0), ValueError, "top_k must be >= 1, got 0"),
+    (lambda: top_k_filter(EXAMPLE, True), TypeError, "top_k must be an int, got True (bool)"),
+    (lambda: top_p_filter(EXAMPLE, 0), ValueError, "top_p must be in (0, 1], got 0"),
+    (lambda: top_p_filter(EXAMPLE, 1.01), ValueError, "top_p must be in (0, 1], got 1.01"),
     (lambda: top_k_filter(torch.tensor([1, 2]), 1), TypeError, "logits must be a float tensor, got dtype torch.int64"),
     (lambda: top_p_filter([1.0, 2.0], 0.5), TypeError, "logits must be a torch.Tensor (..., vocab_size), got list"),
     (lambda: scale_logits(torch.zeros(2, 0), 1.0), ValueError, "logits must have at least one entry"),
     (lambda: sample_next_token(EXAMPLE, 1.0), ValueError, "logits must be 2-D (batch, vocab_size), got shape (8,)"),
     (lambda: sample_next_token(EXAMPLE[None], 1.0, generator="seed"), TypeError,
-     "generator must be None or a torch.Generator, got str"),
+     "generator must be a Generator, got str"),
     (lambda: check_logits(torch.tensor(1.0)), ValueError, "logits must have at least one entry"),
-    (lambda: check_sampling_args(top_p=float("nan")), ValueError, "top_p must be None (off) or in (0, 1], got nan"),
+    (lambda: check_sampling_args(top_p=float("nan")), ValueError, "top_p must be in (0, 1], got nan"),
 ])
 def test_sampling_pieces_reject_bad_inputs(call, error, message):
     with pytest.raises(error, match=re.escape(message)):
