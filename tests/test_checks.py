@@ -387,48 +387,49 @@ def test_causal_attention_function_bugs(bug):
 
 def test_causal_attention_class_bugs():
     fails(checks.check_causal_attention, make_causal_attention("after_softmax"), ATTENTION_BUGS["after_softmax"])
-    fails(checks.check_causal_attention, make_causal_attention("scale_d_in"), r"divided by sqrt\(d_in\)")
+    fails(checks.check_causal_attention, make_causal_attention("scale_d_in"), r"divided by sqrt\(emb_dim\)")
 
 
 def make_multihead(bug=None):
     class MyMultiHeadAttention(nn.Module):
-        def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        def __init__(self, cfg):
             super().__init__()
-            self.num_heads, self.head_dim, self.d_out = num_heads, d_out // num_heads, d_out
-            self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+            d = cfg.emb_dim
+            self.n_heads, self.head_dim, self.emb_dim = cfg.n_heads, d // cfg.n_heads, d
+            self.W_query = nn.Linear(d, d, bias=cfg.qkv_bias)
+            self.W_key = nn.Linear(d, d, bias=cfg.qkv_bias)
+            self.W_value = nn.Linear(d, d, bias=cfg.qkv_bias)
             if bug != "no_out_proj":
-                self.out_proj = nn.Linear(d_out, d_out)
+                self.out_proj = nn.Linear(d, d)
 
         def forward(self, x):
             batch, tokens, _ = x.shape
 
             def split(t):
                 if bug == "view_no_transpose":
-                    return t.view(batch, self.num_heads, tokens, self.head_dim)
+                    return t.view(batch, self.n_heads, tokens, self.head_dim)
                 if bug == "interleaved":
-                    return t.view(batch, tokens, self.head_dim, self.num_heads).permute(0, 3, 1, 2)
-                return t.view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
+                    return t.view(batch, tokens, self.head_dim, self.n_heads).permute(0, 3, 1, 2)
+                return t.view(batch, tokens, self.n_heads, self.head_dim).transpose(1, 2)
 
             q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
-            scale_dim = self.d_out if bug == "scale_d_out" else None
+            scale_dim = self.emb_dim if bug == "scale_emb_dim" else None
             context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim)
             if bug in ("merge_no_transpose", "view_no_transpose"):
-                merged = context.reshape(batch, tokens, self.d_out)
+                merged = context.reshape(batch, tokens, self.emb_dim)
             else:
-                merged = context.transpose(1, 2).reshape(batch, tokens, self.d_out)
+                merged = context.transpose(1, 2).reshape(batch, tokens, self.emb_dim)
             return merged if bug in ("out_proj_unused", "no_out_proj") else self.out_proj(merged)
 
     return MyMultiHeadAttention
 
 
-MULTIHEAD_BUGS = {"view_no_transpose": r"split along the wrong axis: t.view\(batch, num_heads, tokens, head_dim\) "
+MULTIHEAD_BUGS = {"view_no_transpose": r"split along the wrong axis: t.view\(batch, n_heads, tokens, head_dim\) "
                                        r"without a transpose",
-                  "interleaved": r"split along the wrong axis: view\(batch, tokens, head_dim, num_heads\)",
+                  "interleaved": r"split along the wrong axis: view\(batch, tokens, head_dim, n_heads\)",
                   "merge_no_transpose": "merged without transposing back",
                   "out_proj_unused": "out_proj is missing", "no_out_proj": "out_proj is missing",
-                  "scale_d_out": r"divided by sqrt\(d_out\)", "after_softmax": "mask is applied after the softmax"}
+                  "scale_emb_dim": r"divided by sqrt\(emb_dim\)", "after_softmax": "mask is applied after the softmax"}
 
 
 def test_multihead_passes(capsys):
@@ -448,8 +449,7 @@ def make_block(bug=None):
         def __init__(self, cfg):
             super().__init__()
             self.norm1 = nn.LayerNorm(cfg.emb_dim) if bug == "torch_layernorm" else LayerNorm(cfg.emb_dim)
-            self.att = MultiHeadAttention(cfg.emb_dim, cfg.emb_dim, cfg.context_length, cfg.drop_rate,
-                                          cfg.n_heads, cfg.qkv_bias)
+            self.att = MultiHeadAttention(cfg)
             if bug != "no_norm2":
                 self.norm2 = LayerNorm(cfg.emb_dim)
             self.ff = FeedForward(cfg)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from course_lib.attention import CausalAttention, MultiHeadAttention
+from course_lib.config import GPTConfig
 
 from .core import Checker, build, compare, isolated_rng, require_class, require_function
 
@@ -68,9 +69,9 @@ def check_causal_attention(learner_impl) -> None:
 
     * a function `my_attention(queries, keys, values)` on float tensors (batch, tokens, d_k) that returns the
       context vectors (batch, tokens, d_k), or
-    * a class like course_lib.attention.CausalAttention: MyCausalAttention(d_in, d_out, context_length, dropout,
-      qkv_bias=False) with nn.Linear layers W_query, W_key, W_value, and forward(x): (batch, tokens, d_in) ->
-      (batch, tokens, d_out).
+    * a class like course_lib.attention.CausalAttention: MyCausalAttention(emb_dim, head_dim, context_length, drop_rate,
+      qkv_bias=False) with nn.Linear layers W_query, W_key, W_value, and forward(x): (batch, tokens, emb_dim) ->
+      (batch, tokens, head_dim).
 
     Compared with course_lib.attention.CausalAttention (scale by 1/sqrt(d_k), mask the future with -inf,
     softmax over the keys, weighted sum of the values)."""
@@ -80,25 +81,25 @@ def check_causal_attention(learner_impl) -> None:
     batch, tokens, d_k = 2, 5, 4
     with torch.no_grad():
         if inspect.isclass(learner_impl):
-            require_class(ck, learner_impl, "MyCausalAttention(d_in, d_out, context_length, dropout)")
-            d_in, context_length = 6, 8
-            mine = build(ck, learner_impl, d_in, d_k, context_length, 0.0,
-                         signature="MyCausalAttention(d_in, d_out, context_length, dropout, qkv_bias=False)")
-            ref = CausalAttention(d_in, d_k, context_length, 0.0).double().eval()
+            require_class(ck, learner_impl, "MyCausalAttention(emb_dim, head_dim, context_length, drop_rate)")
+            emb_dim, context_length = 6, 8
+            mine = build(ck, learner_impl, emb_dim, d_k, context_length, 0.0,
+                         signature="MyCausalAttention(emb_dim, head_dim, context_length, drop_rate, qkv_bias=False)")
+            ref = CausalAttention(emb_dim, d_k, context_length, 0.0).double().eval()
             for name in ("W_query", "W_key", "W_value"):
                 layer = getattr(mine, name, None)
-                if not isinstance(layer, nn.Linear) or tuple(layer.weight.shape) != (d_k, d_in):
-                    ck.fail(f"your class has no nn.Linear {name} mapping d_in -> d_out",
-                            f"name the projections as in the lesson: self.{name} = nn.Linear(d_in, d_out, "
+                if not isinstance(layer, nn.Linear) or tuple(layer.weight.shape) != (d_k, emb_dim):
+                    ck.fail(f"your class has no nn.Linear {name} mapping emb_dim -> head_dim",
+                            f"name the projections as in the lesson: self.{name} = nn.Linear(emb_dim, head_dim, "
                             "bias=qkv_bias)")
                 if layer.bias is not None:
                     ck.fail(f"{name} has a bias although qkv_bias is False",
-                            f"pass the flag on: self.{name} = nn.Linear(d_in, d_out, bias=qkv_bias)")
+                            f"pass the flag on: self.{name} = nn.Linear(emb_dim, head_dim, bias=qkv_bias)")
             mine = mine.double().eval()
             for name in ("W_query", "W_key", "W_value"):
                 getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
             ck.ok()
-            others = {"d_in": d_in, "tokens": tokens}
+            others = {"emb_dim": emb_dim, "tokens": tokens}
 
             def run(x):
                 return ck.call(f"forward on x of shape {tuple(x.shape)}", mine, x)
@@ -109,11 +110,11 @@ def check_causal_attention(learner_impl) -> None:
             require_function(ck, learner_impl, "my_attention(queries, keys, values)")
             # The reference on given queries/keys/values: a CausalAttention whose projections pick them out of
             # x = [queries | keys | values].
-            d_in = 3 * d_k
-            ref = CausalAttention(d_in, d_k, tokens, 0.0).double().eval()
+            emb_dim = 3 * d_k
+            ref = CausalAttention(emb_dim, d_k, tokens, 0.0).double().eval()
             eye = torch.eye(d_k, dtype=torch.float64)
             for i, name in enumerate(("W_query", "W_key", "W_value")):
-                weight = torch.zeros(d_k, d_in, dtype=torch.float64)
+                weight = torch.zeros(d_k, emb_dim, dtype=torch.float64)
                 weight[:, i * d_k:(i + 1) * d_k] = eye
                 getattr(ref, name).weight.copy_(weight)
             others = {"tokens": tokens}
@@ -126,9 +127,9 @@ def check_causal_attention(learner_impl) -> None:
                 return ck.call(f"my_attention on queries, keys and values of shape {tuple(q.shape)}",
                                learner_impl, q, k, v)
 
-        for x, situation in ((torch.randn(batch, tokens, d_in, dtype=torch.float64), f"on a batch of {batch} "
+        for x, situation in ((torch.randn(batch, tokens, emb_dim, dtype=torch.float64), f"on a batch of {batch} "
                               f"sequences of {tokens} tokens"),
-                             (torch.randn(1, 1, d_in, dtype=torch.float64), "on one token")):
+                             (torch.randn(1, 1, emb_dim, dtype=torch.float64), "on one token")):
             q, k, v = qkv(x)
 
             def core(scale=1 / math.sqrt(d_k), mask="causal", softmax_dim=-1, q=q, k=k, v=v):
@@ -136,9 +137,9 @@ def check_causal_attention(learner_impl) -> None:
 
             compare(ck, run(x), ref(x), attention_variants(core, d_k, others), situation, fallback)
         # The future must not leak: changing the last token must leave every earlier output as it was.
-        x = torch.randn(1, tokens, d_in, dtype=torch.float64)
+        x = torch.randn(1, tokens, emb_dim, dtype=torch.float64)
         changed = x.clone()
-        changed[:, -1] += 10 * torch.randn(d_in, dtype=torch.float64)
+        changed[:, -1] += 10 * torch.randn(emb_dim, dtype=torch.float64)
         before, after = run(x), run(changed)
         if not torch.allclose(before[:, :-1], after[:, :-1], atol=1e-8, rtol=1e-6):
             ck.fail("changing only the last token changes the outputs of earlier tokens: the future leaks",
@@ -148,14 +149,14 @@ def check_causal_attention(learner_impl) -> None:
     ck.done("Your causal attention matches course_lib's CausalAttention: scale, mask, softmax, weighted sum.")
 
 
-def mha_variant(ref: MultiHeadAttention, x: Tensor, split="heads", merge="heads", num_heads=None, scale=None,
+def mha_variant(ref: MultiHeadAttention, x: Tensor, split="heads", merge="heads", n_heads=None, scale=None,
                 mask="causal", softmax_dim=-1, out_proj=True) -> Tensor:
     """Multi-head attention with ref's weights and one deliberate choice of how heads are split and merged."""
     batch, tokens, _ = x.shape
-    heads = ref.num_heads if num_heads is None else num_heads
-    head_dim = ref.d_out // heads
+    heads = ref.n_heads if n_heads is None else n_heads
+    head_dim = ref.emb_dim // heads
 
-    def split_heads(t):  # (batch, tokens, d_out) -> (batch, heads, tokens, head_dim)
+    def split_heads(t):  # (batch, tokens, emb_dim) -> (batch, heads, tokens, head_dim)
         if split == "no_transpose":
             return t.reshape(batch, heads, tokens, head_dim)
         if split == "interleaved":
@@ -165,11 +166,11 @@ def mha_variant(ref: MultiHeadAttention, x: Tensor, split="heads", merge="heads"
     q, k, v = (split_heads(layer(x)) for layer in (ref.W_query, ref.W_key, ref.W_value))
     context = attend(q, k, v, 1 / math.sqrt(head_dim) if scale is None else scale, mask, softmax_dim)  # (batch, heads, tokens, hd)
     if merge == "no_transpose":
-        merged = context.reshape(batch, tokens, ref.d_out)
+        merged = context.reshape(batch, tokens, ref.emb_dim)
     elif merge == "interleaved":
-        merged = context.permute(0, 2, 3, 1).reshape(batch, tokens, ref.d_out)
+        merged = context.permute(0, 2, 3, 1).reshape(batch, tokens, ref.emb_dim)
     else:
-        merged = context.transpose(1, 2).reshape(batch, tokens, ref.d_out)
+        merged = context.transpose(1, 2).reshape(batch, tokens, ref.emb_dim)
     return ref.out_proj(merged) if out_proj else merged
 
 
@@ -177,31 +178,29 @@ def mha_variant(ref: MultiHeadAttention, x: Tensor, split="heads", merge="heads"
 def check_multihead_attention(learner_impl) -> None:
     """Check `learner_impl`, fused causal multi-head attention from notebook 05.
 
-    learner_impl(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False), like
-    course_lib.attention.MultiHeadAttention, holds nn.Linear layers W_query, W_key, W_value (d_in -> d_out) and
-    out_proj (d_out -> d_out); forward(x) maps (batch, tokens, d_in) to (batch, tokens, d_out), splitting d_out
-    into num_heads heads of d_out // num_heads dimensions."""
+    learner_impl(cfg), like course_lib.attention.MultiHeadAttention, holds nn.Linear layers W_query, W_key,
+    W_value and out_proj (emb_dim -> emb_dim); forward(x) maps (batch, tokens, emb_dim) to the same shape,
+    splitting emb_dim into n_heads heads of emb_dim // n_heads dimensions."""
     ck = Checker("check_multihead_attention")
-    require_class(ck, learner_impl, "MyMultiHeadAttention(d_in, d_out, context_length, dropout, num_heads)")
-    d_in, d_out, context_length, num_heads = 6, 8, 8, 2
-    head_dim = d_out // num_heads
-    mine = build(ck, learner_impl, d_in, d_out, context_length, 0.0, num_heads,
-                 signature="MyMultiHeadAttention(d_in, d_out, context_length, dropout, num_heads, qkv_bias=False)")
-    ref = MultiHeadAttention(d_in, d_out, context_length, 0.0, num_heads).double().eval()
-    for name, shape in (("W_query", (d_out, d_in)), ("W_key", (d_out, d_in)), ("W_value", (d_out, d_in)),
-                        ("out_proj", (d_out, d_out))):
+    require_class(ck, learner_impl, "MyMultiHeadAttention(cfg)")
+    cfg = GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=1, drop_rate=0.0, qkv_bias=False)
+    emb_dim, head_dim = cfg.emb_dim, cfg.emb_dim // cfg.n_heads
+    mine = build(ck, learner_impl, cfg, signature="MyMultiHeadAttention(cfg) with a GPTConfig")
+    ref = MultiHeadAttention(cfg).double().eval()
+    shape = (emb_dim, emb_dim)  # every projection maps emb_dim -> emb_dim
+    for name in ("W_query", "W_key", "W_value", "out_proj"):
         layer = getattr(mine, name, None)
         if not isinstance(layer, nn.Linear):
             if name == "out_proj":
                 ck.fail("your class has no out_proj layer",
                         "out_proj is missing: after merging the heads, mix them with self.out_proj = "
-                        "nn.Linear(d_out, d_out)")
+                        "nn.Linear(emb_dim, emb_dim)")
             ck.fail(f"your class has no nn.Linear called {name}",
-                    f"name the layers as in the lesson: self.{name} = nn.Linear(d_in, d_out, bias=qkv_bias)")
+                    f"name the layers as in the lesson: self.{name} = nn.Linear(emb_dim, emb_dim, bias=qkv_bias)")
         if tuple(layer.weight.shape) != shape:
             ck.fail(f"{name} has weight shape {tuple(layer.weight.shape)}, expected {shape}",
-                    f"{name} maps {shape[1]} -> {shape[0]} features: all heads together are d_out wide, each "
-                    "head gets d_out // num_heads of them")
+                    f"{name} maps {shape[1]} -> {shape[0]} features: all heads together are emb_dim wide, each "
+                    "head gets emb_dim // n_heads of them")
         if (layer.bias is None) != (getattr(ref, name).bias is None):
             ck.fail(f"{name} {'has no' if layer.bias is None else 'has a'} bias",
                     "W_query, W_key and W_value take bias=qkv_bias (False by default); out_proj keeps its bias")
@@ -210,15 +209,15 @@ def check_multihead_attention(learner_impl) -> None:
     with torch.no_grad():
         for name in ("W_query", "W_key", "W_value", "out_proj"):
             getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
-        split_bug = ("heads are split along the wrong axis: t.view(batch, num_heads, tokens, head_dim) without a "
-                     "transpose mixes tokens into heads; use t.view(batch, tokens, num_heads, head_dim).transpose(1, 2)")
-        interleave_bug = ("heads are split along the wrong axis: view(batch, tokens, head_dim, num_heads) gives head h "
-                          "the features h, h + num_heads, ...; use view(batch, tokens, num_heads, head_dim)"
+        split_bug = ("heads are split along the wrong axis: t.view(batch, n_heads, tokens, head_dim) without a "
+                     "transpose mixes tokens into heads; use t.view(batch, tokens, n_heads, head_dim).transpose(1, 2)")
+        interleave_bug = ("heads are split along the wrong axis: view(batch, tokens, head_dim, n_heads) gives head h "
+                          "the features h, h + n_heads, ...; use view(batch, tokens, n_heads, head_dim)"
                           ".transpose(1, 2)")
         merge_bug = ("the heads are merged without transposing back: use context.transpose(1, 2).reshape(batch, "
-                     "tokens, d_out) (or .contiguous().view(...))")
-        for x, situation in ((torch.randn(2, 5, d_in, dtype=torch.float64), "on a batch of 2 sequences of 5 tokens"),
-                             (torch.randn(1, 1, d_in, dtype=torch.float64), "on one token")):
+                     "tokens, emb_dim) (or .contiguous().view(...))")
+        for x, situation in ((torch.randn(2, 5, emb_dim, dtype=torch.float64), "on a batch of 2 sequences of 5 tokens"),
+                             (torch.randn(1, 1, emb_dim, dtype=torch.float64), "on one token")):
             v = functools.partial(mha_variant, ref, x)
             variants = [
                 ("out_proj is missing (or not applied): after merging the heads, return self.out_proj(context)",
@@ -228,21 +227,21 @@ def check_multihead_attention(learner_impl) -> None:
                 (interleave_bug, lambda: v(split="interleaved", merge="interleaved")),
                 (interleave_bug, lambda: v(split="interleaved")),
                 (merge_bug, lambda: v(merge="no_transpose")),
-                ("the scores are divided by sqrt(d_out); each head's dot products have head_dim terms, so divide "
-                 "by sqrt(head_dim) = sqrt(d_out // num_heads)", lambda: v(scale=1 / math.sqrt(d_out))),
-                ("num_heads is ignored: the layer computes one big head; split d_out into num_heads heads of "
-                 "head_dim each", lambda: v(num_heads=1)),
+                ("the scores are divided by sqrt(emb_dim); each head's dot products have head_dim terms, so divide "
+                 "by sqrt(head_dim) = sqrt(emb_dim // n_heads)", lambda: v(scale=1 / math.sqrt(emb_dim))),
+                ("n_heads is ignored: the layer computes one big head; split emb_dim into n_heads heads of "
+                 "head_dim each", lambda: v(n_heads=1)),
                 *attention_variants(lambda scale=1 / math.sqrt(head_dim), mask="causal", softmax_dim=-1:
                                     v(scale=scale, mask=mask, softmax_dim=softmax_dim), head_dim,
-                                    {"d_in": d_in, "tokens": x.shape[1]}),
+                                    {"emb_dim": emb_dim, "tokens": x.shape[1]}),
             ]
             got = ck.call(f"forward {situation}", mine, x)
             compare(ck, got, ref(x), variants, situation,
-                    "split with view(batch, tokens, num_heads, head_dim).transpose(1, 2), attend per head, merge "
-                    "with transpose(1, 2).reshape(batch, tokens, d_out), then out_proj")
-        x = torch.randn(1, 5, d_in, dtype=torch.float64)
+                    "split with view(batch, tokens, n_heads, head_dim).transpose(1, 2), attend per head, merge "
+                    "with transpose(1, 2).reshape(batch, tokens, emb_dim), then out_proj")
+        x = torch.randn(1, 5, emb_dim, dtype=torch.float64)
         changed = x.clone()
-        changed[:, -1] += 10 * torch.randn(d_in, dtype=torch.float64)
+        changed[:, -1] += 10 * torch.randn(emb_dim, dtype=torch.float64)
         if not torch.allclose(mine(x)[:, :-1], mine(changed)[:, :-1], atol=1e-8, rtol=1e-6):
             ck.fail("changing only the last token changes the outputs of earlier tokens: the future leaks",
                     "the causal mask is missing or misplaced; mask each head's scores above the diagonal with -inf "
