@@ -58,7 +58,7 @@ def check_activations(name: str, x, size: int | None = None, dims: int | None = 
     if size is None:
         return
     if (dims is not None and x.dim() != dims) or x.dim() == 0 or x.shape[-1] != size:
-        fix = " (for a single sequence add a batch dimension with .unsqueeze(0))" if dims == 3 else ""
+        fix = " (for a single sequence add a batch dimension with .unsqueeze(0))" if dims == x.dim() + 1 == 3 else ""
         raise ValueError(f"{name} must be shaped {shape}, got shape {tuple(x.shape)}{fix}: the layer was built "
                          f"for vectors of {size} numbers")
     if dtype is not None and x.dtype != dtype:

@@ -344,8 +344,8 @@ def test_bad_single_head_arguments(error, message, kwargs):
      torch.ones(1, 3, EMB, dtype=torch.long)),
     (TypeError, "x has dtype torch.float64 but the layer's weights are torch.float32: convert with "
                 ".to(torch.float32) or the layer with .to(torch.float64)", torch.randn(1, 3, EMB, dtype=torch.float64)),
-    (ValueError, "x must be shaped (batch, tokens, 16), got shape (2, 3, 8) (for a single sequence add a batch "
-                 "dimension with .unsqueeze(0)): the layer was built for vectors of 16 numbers", torch.randn(2, 3, 8)),
+    (ValueError, "x must be shaped (batch, tokens, 16), got shape (2, 3, 8): the layer was built for vectors of 16 "
+                 "numbers", torch.randn(2, 3, 8)),
     (ValueError, "x has 0 tokens: pass at least one token per sequence", torch.randn(2, 0, EMB)),
     (ValueError, "x has 11 tokens, more than context_length 10: crop the input to the last 10 tokens",
      torch.randn(1, CONTEXT + 1, EMB)),
