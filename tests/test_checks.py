@@ -128,9 +128,9 @@ def test_count_pairs(capsys):
 
 # ----------------------------------------------------------------------------------------- sinusoidal, embedding
 
-def my_sinusoidal_table(max_len, emb_dim, bug=None):
-    table = torch.zeros(max_len, emb_dim)
-    for pos in range(max_len):
+def my_sinusoidal_table(emb_dim, context_length, bug=None):
+    table = torch.zeros(context_length, emb_dim)
+    for pos in range(context_length):
         for j in range(emb_dim):
             exponent = j if bug == "column_speed" else 2 * (j // 2)
             angle = pos * 10000 ** ((1 if bug == "no_minus" else -1) * exponent / emb_dim)

@@ -13,19 +13,19 @@ from .core import Checker, build, compare, isolated_rng, require_class, require_
 
 @isolated_rng
 def check_sinusoidal_table(learner_impl) -> None:
-    """Check `learner_impl(max_len, emb_dim)`, the sinusoidal position code of notebook 02.
+    """Check `learner_impl(emb_dim, context_length)`, the sinusoidal position code of notebook 02.
 
-    Must return a float tensor (max_len, emb_dim) whose row p, column j is sin(p * w_j) for even j and
+    Must return a float tensor (context_length, emb_dim) whose row p, column j is sin(p * w_j) for even j and
     cos(p * w_j) for odd j, with w_j = 10000 ** (-2 * (j // 2) / emb_dim), for any emb_dim (odd too), like
-    course_lib.embeddings.SinusoidalPositionalEmbedding(emb_dim, max_len)(max_len)."""
+    course_lib.embeddings.SinusoidalPositionalEmbedding(emb_dim, context_length)(context_length)."""
     ck = Checker("check_sinusoidal_table")
-    require_function(ck, learner_impl, "my_sinusoidal_table(max_len, emb_dim)")
+    require_function(ck, learner_impl, "my_sinusoidal_table(emb_dim, context_length)")
 
-    def table(max_len, emb_dim, column_speed=lambda j, d: 10000.0 ** (-2 * (j // 2) / d), first="sin",
+    def table(emb_dim, context_length, column_speed=lambda j, d: 10000.0 ** (-2 * (j // 2) / d), first="sin",
               start=0, layout="interleaved"):
-        p = torch.arange(start, start + max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+        p = torch.arange(start, start + context_length, dtype=torch.float64).unsqueeze(1)  # (context_length, 1)
         j = torch.arange(emb_dim, dtype=torch.float64)
-        angles = p * column_speed(j, emb_dim)  # (max_len, emb_dim)
+        angles = p * column_speed(j, emb_dim)  # (context_length, emb_dim)
         if layout == "blocks":  # sines of every speed first, then cosines
             half = (emb_dim + 1) // 2
             speeds = 10000.0 ** (-2 * torch.arange(half, dtype=torch.float64) / emb_dim)
@@ -34,26 +34,27 @@ def check_sinusoidal_table(learner_impl) -> None:
         sin, cos = torch.sin(angles), torch.cos(angles)
         return torch.where(even, sin, cos) if first == "sin" else torch.where(even, cos, sin)
 
-    for max_len, emb_dim in ((12, 8), (50, 16), (7, 9)):
-        expected = SinusoidalPositionalEmbedding(emb_dim, max_len)(max_len)
+    for emb_dim, context_length in ((8, 12), (16, 50), (9, 7)):
+        expected = SinusoidalPositionalEmbedding(emb_dim, context_length)(context_length)
         crash_bug = ("an odd emb_dim has one more sine than cosine: fill the sines into columns 0::2 and the "
                      "cosines into 1::2 using only the first emb_dim // 2 angles") if emb_dim % 2 else None
-        got = ck.call(f"my_sinusoidal_table({max_len}, {emb_dim})", learner_impl, max_len, emb_dim, bug=crash_bug)
+        got = ck.call(f"my_sinusoidal_table({emb_dim}, {context_length})", learner_impl, emb_dim, context_length,
+                      bug=crash_bug)
         variants = [
-            ("the table is transposed: return it as (max_len, emb_dim), one row per position",
-             lambda: table(max_len, emb_dim).T),
+            ("the table is transposed: return it as (context_length, emb_dim), one row per position",
+             lambda: table(emb_dim, context_length).T),
             ("sine and cosine are swapped: even columns hold the sine, odd columns the cosine",
-             lambda: table(max_len, emb_dim, first="cos")),
+             lambda: table(emb_dim, context_length, first="cos")),
             ("every column has its own speed: columns 2i and 2i + 1 share one speed, so the exponent uses "
-             "2 * (j // 2), not j", lambda: table(max_len, emb_dim, column_speed=lambda j, d: 10000.0 ** (-j / d))),
+             "2 * (j // 2), not j", lambda: table(emb_dim, context_length, column_speed=lambda j, d: 10000.0 ** (-j / d))),
             ("the exponent has lost its minus sign: the speeds must shrink from 1 towards 1/10000",
-             lambda: table(max_len, emb_dim, column_speed=lambda j, d: 10000.0 ** (2 * (j // 2) / d))),
+             lambda: table(emb_dim, context_length, column_speed=lambda j, d: 10000.0 ** (2 * (j // 2) / d))),
             ("positions start at 1: the first row is position 0 (sin 0 = 0, cos 0 = 1)",
-             lambda: table(max_len, emb_dim, start=1)),
+             lambda: table(emb_dim, context_length, start=1)),
             ("the sines and cosines sit in two blocks: interleave them, sines in columns 0, 2, 4, ... and "
-             "cosines in 1, 3, 5, ...", lambda: table(max_len, emb_dim, layout="blocks")),
+             "cosines in 1, 3, 5, ...", lambda: table(emb_dim, context_length, layout="blocks")),
         ]
-        compare(ck, got, expected, variants, f"for max_len={max_len}, emb_dim={emb_dim}",
+        compare(ck, got, expected, variants, f"for emb_dim={emb_dim}, context_length={context_length}",
                 "compare row 1 of your table with the formula by hand", atol=1e-5, rtol=1e-4)
     ck.done("Your table matches SinusoidalPositionalEmbedding, odd emb_dim included.")
 
