@@ -67,14 +67,12 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
-        ids = []
-        for position, ch in enumerate(text):
-            if ch not in self.stoi:
-                raise ValueError(f"character {ch!r} at position {position} is not in the vocabulary of "
-                                 f"{self.vocab_size} characters; build the tokenizer from a text that "
-                                 "contains it, e.g. CharTokenizer.from_text(training_text + new_text)")
-            ids.append(self.stoi[ch])
-        return ids
+        unknown = next((position for position, ch in enumerate(text) if ch not in self.stoi), None)
+        if unknown is not None:
+            raise ValueError(f"character {text[unknown]!r} at position {unknown} is not in the vocabulary of "
+                             f"{self.vocab_size} characters; build the tokenizer from a text that "
+                             "contains it, e.g. CharTokenizer.from_text(training_text + new_text)")
+        return [self.stoi[ch] for ch in text]
 
     def decode(self, ids) -> str:
         return "".join(self.chars[i] for i in check_token_ids(ids, self.vocab_size))
