@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .config import GPTConfig, get_device
+from .guards import EOS_ID, check_type
 from .model import GPTModel
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #b5314d79
@@ -37,10 +38,10 @@ GPT2_NAME_MAP = (
     ("trf_blocks.{i}.att.out_proj.bias", "h.{i}.attn.c_proj.bias", None, False),
     ("trf_blocks.{i}.norm2.scale", "h.{i}.ln_2.weight", None, False),
     ("trf_blocks.{i}.norm2.shift", "h.{i}.ln_2.bias", None, False),
-    ("trf_blocks.{i}.ff.layers.0.weight", "h.{i}.mlp.c_fc.weight", None, True),
-    ("trf_blocks.{i}.ff.layers.0.bias", "h.{i}.mlp.c_fc.bias", None, False),
-    ("trf_blocks.{i}.ff.layers.2.weight", "h.{i}.mlp.c_proj.weight", None, True),
-    ("trf_blocks.{i}.ff.layers.2.bias", "h.{i}.mlp.c_proj.bias", None, False),
+    ("trf_blocks.{i}.ff.fc.weight", "h.{i}.mlp.c_fc.weight", None, True),
+    ("trf_blocks.{i}.ff.fc.bias", "h.{i}.mlp.c_fc.bias", None, False),
+    ("trf_blocks.{i}.ff.proj.weight", "h.{i}.mlp.c_proj.weight", None, True),
+    ("trf_blocks.{i}.ff.proj.bias", "h.{i}.mlp.c_proj.bias", None, False),
     ("final_norm.scale", "ln_f.weight", None, False),
     ("final_norm.shift", "ln_f.bias", None, False),
 )
@@ -68,10 +69,9 @@ GPT2_CONFIG_DEFAULTS = {  # what Hugging Face's GPT2Config assumes for a key tha
 }
 
 
-def config_from_hf(hf_config: dict, source: str = "config") -> tuple[GPTConfig, bool]:
-    """Our GPTConfig, and whether the output head is tied, from the dict in a GPT-2 config.json.
-
-    Refuses, naming the key, every setting our GPTModel cannot reproduce; `source` names the file."""
+def config_from_hf(hf_config: dict, source: str = "config") -> GPTConfig:
+    """Our GPTConfig (tie_weights from tie_word_embeddings) from the dict in a GPT-2 config.json; refuses,
+    naming the key, every setting our GPTModel cannot reproduce. `source` names the file."""
     if not isinstance(hf_config, dict):
         raise TypeError(f"{source}: a config must be a JSON object (dict), got {type(hf_config).__name__}")
     if hf_config.get("model_type", "gpt2") != "gpt2":
@@ -102,11 +102,12 @@ def config_from_hf(hf_config: dict, source: str = "config") -> tuple[GPTConfig, 
     try:
         cfg = GPTConfig(vocab_size=setting["vocab_size"], context_length=setting["n_positions"],
                         emb_dim=setting["n_embd"], n_heads=setting["n_head"], n_layers=setting["n_layer"],
-                        drop_rate=setting["resid_pdrop"], qkv_bias=True)  # GPT-2's c_attn always has a bias
+                        drop_rate=setting["resid_pdrop"], qkv_bias=True,  # GPT-2's c_attn always has a bias
+                        tie_weights=setting["tie_word_embeddings"])
     except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: {error} (n_embd is our emb_dim, n_head our n_heads, resid_pdrop our "
                          "drop_rate)") from error
-    return cfg, setting["tie_word_embeddings"]
+    return cfg
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9
 @torch.no_grad()
@@ -114,11 +115,10 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
     """Copy a Hugging Face GPT-2 state dict (names with or without "transformer.") into `model`.
 
     Every key must be used, every parameter filled and every shape right; otherwise a ValueError names the
-    key. With a tied head, a stored lm_head.weight must equal wte.weight."""
-    if not isinstance(model, GPTModel):
-        raise TypeError(f"model must be a course_lib GPTModel, got {type(model).__name__}")
+    key. With a tied head (model.cfg.tie_weights), a stored lm_head.weight must equal wte.weight."""
+    check_type("model", model, GPTModel, "build one with GPTModel(cfg), or load one with load_gpt2")
     params = dict(model.named_parameters())  # a tied head appears once, as embedding.tok_emb.weight
-    tied = "out_head.weight" not in params
+    tied = model.cfg.tie_weights
     rows = expand_name_map(model.cfg.n_layers)
     absent = [ours for ours, *_ in rows if ours not in params]
     if absent:
@@ -215,7 +215,7 @@ def gpt2_files(path_or_name: str | Path) -> tuple[Path, Path]:
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #f4c3b2da
 def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None) -> GPTModel:
-    """A GPTModel (tied head, eval mode, on `device`; default get_device()) holding GPT-2 weights from a
+    """A GPTModel (in eval mode, on `device`; default get_device()) holding GPT-2 weights from a
     Hugging Face directory (config.json + model.safetensors) or from the Hub ("gpt2" .. "gpt2-xl")."""
     config_file, weights_file = gpt2_files(path_or_name)
     try:
@@ -228,7 +228,7 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_file} is not valid JSON ({error}): download it again or rewrite it with "
                          "save_gpt2") from error
-    cfg, tied = config_from_hf(hf_config, source=str(config_file))
+    cfg = config_from_hf(hf_config, source=str(config_file))  # cfg.tie_weights: the file's tie_word_embeddings
     try:
         hf_state = load_file(weights_file)  # name -> tensor, on the CPU
     except SafetensorError as error:
@@ -236,14 +236,14 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
                          "corrupt, e.g. by an interrupted download; delete it and download or save it again"
                          ) from error
     with device:  # build the parameters where they will live, without a copy from the CPU
-        model = GPTModel(cfg, tie_weights=tied)
+        model = GPTModel(cfg)
     fill_from_hf(model, hf_state, source=str(weights_file))
     return model.eval()
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #1f46fd0c
-def hf_config_from(cfg: GPTConfig, tied: bool, dtype: torch.dtype = torch.float32) -> dict:
-    """The config.json of a Hugging Face GPT2LMHeadModel with our model's shape."""
-    eos_id = 50256 if cfg.vocab_size > 50256 else None  # <|endoftext|> exists only in GPT-2's vocabulary
+def hf_config_from(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
+    """The config.json of a Hugging Face GPT2LMHeadModel with our model's shape and tying."""
+    eos_id = EOS_ID if cfg.vocab_size > EOS_ID else None  # <|endoftext|> exists only in GPT-2's vocabulary
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab_size, "n_positions": cfg.context_length, "n_ctx": cfg.context_length,
@@ -252,7 +252,7 @@ def hf_config_from(cfg: GPTConfig, tied: bool, dtype: torch.dtype = torch.float3
         "embd_pdrop": cfg.drop_rate, "attn_pdrop": cfg.drop_rate, "resid_pdrop": cfg.drop_rate,
         "initializer_range": 0.02, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False, "add_cross_attention": False, "use_cache": True,
-        "tie_word_embeddings": tied, "bos_token_id": eos_id, "eos_token_id": eos_id,
+        "tie_word_embeddings": cfg.tie_weights, "bos_token_id": eos_id, "eos_token_id": eos_id,
         "dtype": str(dtype).removeprefix("torch."),
     }
 
@@ -262,8 +262,7 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
     """Our model's weights under the names of a Hugging Face GPT2LMHeadModel, on the CPU.
 
     A model built without qkv biases gets zero c_attn biases: Linear(x) + 0 is the same function."""
-    if not isinstance(model, GPTModel):
-        raise TypeError(f"model must be a course_lib GPTModel, got {type(model).__name__}")
+    check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
     params = dict(model.named_parameters())
     hf_state, qkv = {}, {}  # qkv: fused name -> [query, key, value] pieces in that order
     for ours, hf, part, transpose in expand_name_map(model.cfg.n_layers):
@@ -279,7 +278,7 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
             qkv.setdefault("transformer." + hf, []).append(tensor)
     for name, pieces in qkv.items():
         hf_state[name] = torch.cat(pieces, dim=-1).cpu()  # (emb_dim, 3 * emb_dim) or (3 * emb_dim,)
-    if "out_head.weight" in params:  # untied: the head is a tensor of its own
+    if not model.cfg.tie_weights:  # untied: the head is a tensor of its own
         hf_state["lm_head.weight"] = params["out_head.weight"].detach().contiguous().cpu()
     return hf_state
 
@@ -287,17 +286,15 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
 def save_gpt2(model: GPTModel, directory: str | Path) -> Path:
     """Write `model` as a Hugging Face GPT-2 directory (config.json + model.safetensors) that
     transformers.GPT2LMHeadModel.from_pretrained and load_gpt2 both read; returns the directory."""
-    if not isinstance(model, GPTModel):
-        raise TypeError(f"model must be a course_lib GPTModel, got {type(model).__name__}")
+    check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
     if not isinstance(directory, (str, Path)):
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory} is a file: pass a directory (it is created if it does not exist)")
     hf_state = hf_state_from(model)
-    tied = "lm_head.weight" not in hf_state
     directory.mkdir(parents=True, exist_ok=True)
     save_file(hf_state, directory / "model.safetensors", metadata={"format": "pt"})
-    config = hf_config_from(model.cfg, tied, model.embedding.tok_emb.weight.dtype)
+    config = hf_config_from(model.cfg, model.embedding.tok_emb.weight.dtype)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return directory

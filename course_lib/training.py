@@ -2,9 +2,9 @@
 
 # %% auto #0
 __all__ = ['SHAKESPEARE_FILE', 'SHAKESPEARE_SHA256', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'cross_entropy', 'load_shakespeare',
-           'check_token_stream', 'split_by_position', 'get_batch', 'batch_loss', 'sample_text', 'TrainConfig', 'lr_at',
-           'make_optimizer', 'evaluate', 'new_history', 'train', 'tokenizer_state', 'tokenizer_from_state',
-           'save_checkpoint', 'Checkpoint', 'load_checkpoint']
+           'split_by_position', 'get_batch', 'batch_loss', 'sample_text', 'TrainConfig', 'lr_at', 'make_optimizer',
+           'evaluate', 'new_history', 'train', 'tokenizer_state', 'tokenizer_from_state', 'save_checkpoint',
+           'Checkpoint', 'load_checkpoint']
 
 # %% ../notebooks/09_training.ipynb #ec98d096
 import hashlib
@@ -22,32 +22,26 @@ from tqdm import tqdm
 
 from .config import GPTConfig
 from .generation import eval_mode, generate
+from .guards import check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
-from .tokenization import DATA_DIR, CharTokenizer, check_int, gpt2_tokenizer
+from .tokenization import DATA_DIR, CharTokenizer, gpt2_tokenizer
 
 # %% ../notebooks/09_training.ipynb #5579ff1b
 def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean next-token loss: -log softmax(logits)[target] over every position.
-    logits (batch, tokens, vocab_size), targets (batch, tokens) -> scalar."""
+    """Mean of -log softmax(logits)[target]: logits (batch, tokens, vocab_size), targets (batch, tokens)."""
     if not isinstance(logits, Tensor) or not logits.dtype.is_floating_point or logits.dim() != 3:
         raise TypeError(f"logits must be a float tensor (batch, tokens, vocab_size), got "
                         f"{tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__}")
-    if not isinstance(targets, Tensor) or targets.dtype != torch.long or targets.shape != logits.shape[:2]:
-        got = (f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, Tensor)
-               else type(targets).__name__)
-        raise ValueError(f"targets must be a long tensor of shape {tuple(logits.shape[:2])} (one id per "
-                         f"position of logits), got {got}")
-    if targets.numel() and not 0 <= int(targets.min()) <= int(targets.max()) < logits.shape[-1]:
-        raise ValueError(f"targets must be token ids in [0, {logits.shape[-1] - 1}], got values from "
-                         f"{int(targets.min())} to {int(targets.max())}")
+    check_token_tensor("targets", targets, dims=2, vocab_size=logits.shape[-1])  # ids in [0, vocab_size)
+    if targets.shape != logits.shape[:2]:
+        raise ValueError(f"targets has shape {tuple(targets.shape)} but logits {tuple(logits.shape)} need "
+                         f"{tuple(logits.shape[:2])}: one target id per position")
     log_probs = torch.log_softmax(logits, dim=-1)  # (batch, tokens, vocab_size), stable: no exp overflow
-    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (batch, tokens): log p(target)
+    picked = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (batch, tokens): log p(target)
     return -picked.mean()
 
 # %% ../notebooks/09_training.ipynb #2cbdd70a
 SHAKESPEARE_FILE = DATA_DIR / "shakespeare.txt"
-
-
 SHAKESPEARE_SHA256 = "dffdc9cb92e99db88713d3201a5e791de8370a952de2797c011d85f9f33ecfd0"
 
 
@@ -61,49 +55,30 @@ def load_shakespeare() -> str:
     return raw.decode("utf-8")
 
 # %% ../notebooks/09_training.ipynb #c8317092
-def check_token_stream(data, name: str = "data") -> None:
-    """Raise a clear error unless `data` is a 1-D tensor of integer token ids."""
-    if not isinstance(data, Tensor):
-        raise TypeError(f"{name} must be a 1-D torch.Tensor of token ids, got {type(data).__name__}: "
-                        "use torch.tensor(tokenizer.encode(text))")
-    if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids, got dtype {data.dtype}: convert with .long()")
-    if data.dim() != 1:
-        raise ValueError(f"{name} must be one stream of tokens (1-D), got shape {tuple(data.shape)}: "
-                         "flatten it with .flatten()")
-
-
-def split_by_position(data: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
+def split_by_position(token_ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
     """Cut a token stream in two: the first (1 - val_fraction) for training, the rest for validation."""
-    check_token_stream(data)
-    if not isinstance(val_fraction, float) or not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be a float strictly between 0 and 1, got {val_fraction!r}: "
-                         "it is the share of the text, taken from its end, kept for validation")
-    split = int(len(data) * (1.0 - val_fraction))
-    if split == 0 or split == len(data):
-        raise ValueError(f"val_fraction {val_fraction} of {len(data)} tokens leaves one part empty: "
+    check_token_tensor("token_ids", token_ids, dims=1)  # (tokens,)
+    check_number("val_fraction", val_fraction, 0, 1, low_open=True, high_open=True, why="the share kept back")
+    split = int(len(token_ids) * (1.0 - val_fraction))
+    if split == 0 or split == len(token_ids):
+        raise ValueError(f"val_fraction {val_fraction} of {len(token_ids)} tokens leaves one part empty: "
                          "use a longer text or a val_fraction further from 0 and 1")
-    return data[:split], data[split:]
+    return token_ids[:split], token_ids[split:]
 
 # %% ../notebooks/09_training.ipynb #0a6d24d6
-def get_batch(data: Tensor, batch_size: int, context_length: int, generator: torch.Generator,
+def get_batch(token_ids: Tensor, batch_size: int, context_length: int, generator: torch.Generator,
               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
-    """batch_size windows of data at random starts drawn from generator: inputs (batch_size, context_length)
-    and targets, the same windows shifted one token to the right, both moved to device (default: data's)."""
-    check_token_stream(data)
+    """Random windows (batch_size, context_length) of token_ids and the same windows one token on, on device."""
+    check_token_tensor("token_ids", token_ids, dims=1)  # (tokens,)
     check_int("batch_size", batch_size, 1)
     check_int("context_length", context_length, 1)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}: "
-                        "create one with torch.Generator().manual_seed(123)")
-    if len(data) < context_length + 1:
-        raise ValueError(f"data has {len(data)} tokens but one window needs context_length + 1 = "
-                         f"{context_length + 1}: use more text or a smaller context_length")
-    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator,
-                           device=generator.device).to(data.device)  # (batch_size,)
-    offsets = torch.arange(context_length + 1, device=data.device)  # (context_length + 1,)
-    windows = data[starts.unsqueeze(1) + offsets]  # (batch_size, context_length + 1)
-    device = data.device if device is None else device
+    check_number("context_length", context_length, 1, len(token_ids) - 1, why="a window holds context_length + 1")
+    check_type("generator", generator, torch.Generator, "create one with torch.Generator().manual_seed(123)")
+    starts = torch.randint(len(token_ids) - context_length, (batch_size,), generator=generator,
+                           device=generator.device).to(token_ids.device)  # (batch_size,)
+    offsets = torch.arange(context_length + 1, device=token_ids.device)  # (context_length + 1,)
+    windows = token_ids[starts.unsqueeze(1) + offsets]  # (batch_size, context_length + 1)
+    device = token_ids.device if device is None else device
     return windows[:, :-1].to(device), windows[:, 1:].to(device)
 
 # %% ../notebooks/09_training.ipynb #2430550d
@@ -117,9 +92,9 @@ def sample_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, te
                 top_k: int | None = None, seed: int = 123) -> str:
     """The prompt continued by max_new_tokens sampled tokens, as text; the same seed gives the same text."""
     device = next(model.parameters()).device
-    idx = torch.tensor([tokenizer.encode(prompt)], device=device)  # (1, prompt tokens)
+    token_ids = torch.tensor([tokenizer.encode(prompt)], device=device)  # (1, prompt tokens)
     generator = torch.Generator(device=device).manual_seed(seed)
-    out = generate(model, idx, max_new_tokens, context_size=model.cfg.context_length,
+    out = generate(model, token_ids, max_new_tokens, context_length=model.cfg.context_length,
                    temperature=temperature, top_k=top_k, generator=generator)  # (1, prompt + new tokens)
     return tokenizer.decode(out[0].tolist())
 
@@ -127,7 +102,6 @@ def sample_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, te
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train: the length and learning-rate schedule of the run, the batch, the optimizer, evaluation."""
-
     total_steps: int = 1000  # optimizer steps of the whole run
     batch_size: int = 16  # windows per step
     max_lr: float = 4e-3  # peak learning rate, reached at the end of the warmup
@@ -142,28 +116,17 @@ class TrainConfig:
         for name in ("total_steps", "batch_size", "eval_every", "eval_batches"):
             check_int(name, getattr(self, name), 1)
         check_int("warmup_steps", self.warmup_steps, 0)
-        if self.warmup_steps >= self.total_steps:
-            raise ValueError(f"warmup_steps {self.warmup_steps} must be < total_steps {self.total_steps}: "
-                             "the warmup is the first part of the run")
-        for name in ("max_lr", "min_lr", "weight_decay"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if not 0 < self.max_lr or self.min_lr > self.max_lr:
-            raise ValueError(f"need 0 <= min_lr <= max_lr and max_lr > 0, got min_lr {self.min_lr} and "
-                             f"max_lr {self.max_lr}")
-        if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)) or not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be a number > 0, got {self.grad_clip!r}: it is the largest gradient "
-                             "norm allowed (0 would zero every update; use math.inf for no clipping)")
+        check_number("warmup_steps", self.warmup_steps, 0, self.total_steps, high_open=True, why="it is in the run")
+        check_number("max_lr", self.max_lr, 0, math.inf, low_open=True, high_open=True)
+        check_number("min_lr", self.min_lr, 0, self.max_lr, why="the rate falls from max_lr to min_lr")
+        check_number("weight_decay", self.weight_decay, 0, math.inf, high_open=True)
+        check_number("grad_clip", self.grad_clip, 0, math.inf, low_open=True, why="the largest gradient norm")
 
 # %% ../notebooks/09_training.ipynb #9d38c27a
 def lr_at(step: int, tcfg: TrainConfig) -> float:
-    """Learning rate of optimizer step `step` (0-based): a linear warmup to tcfg.max_lr at step
-    warmup_steps - 1, then half a cosine down to tcfg.min_lr at the last step, total_steps - 1."""
+    """Rate of step `step` (from 0): linear warmup to max_lr, then half a cosine down to min_lr at the last step."""
     check_int("step", step, 0)
-    if step >= tcfg.total_steps:
-        raise ValueError(f"step {step} is past the run: steps go from 0 to total_steps - 1 = "
-                         f"{tcfg.total_steps - 1}; to train longer, make a TrainConfig with more total_steps")
+    check_number("step", step, 0, tcfg.total_steps, high_open=True, why="past the run: add total_steps")
     if step < tcfg.warmup_steps:
         return tcfg.max_lr * (step + 1) / tcfg.warmup_steps
     decay_steps = tcfg.total_steps - 1 - tcfg.warmup_steps
@@ -182,17 +145,16 @@ def make_optimizer(model: nn.Module, tcfg: TrainConfig) -> torch.optim.AdamW:
 @torch.no_grad()
 def evaluate(model: GPTModel, splits: dict[str, Tensor], batch_size: int, num_batches: int,
              seed: int = 0) -> dict[str, float]:
-    """Mean loss of the model on num_batches random batches of each split, in eval mode, without gradients.
-    The batches come from a generator seeded with `seed`, so every evaluation sees the same windows."""
+    """Mean loss on num_batches batches of each split, in eval mode; the same windows at every call (`seed`)."""
     check_int("num_batches", num_batches, 1)
     device = next(model.parameters()).device
     losses = {}
     with eval_mode(model):
-        for name, data in splits.items():
+        for name, token_ids in splits.items():
             generator = torch.Generator().manual_seed(seed)
             total = 0.0
             for _ in range(num_batches):
-                inputs, targets = get_batch(data, batch_size, model.cfg.context_length, generator, device)
+                inputs, targets = get_batch(token_ids, batch_size, model.cfg.context_length, generator, device)
                 total += batch_loss(model, inputs, targets).item()
             losses[name] = total / num_batches
     return losses
@@ -206,14 +168,11 @@ def new_history() -> dict:
 def train(model: GPTModel, optimizer: torch.optim.Optimizer, train_data: Tensor, val_data: Tensor,
           tcfg: TrainConfig, generator: torch.Generator, start_step: int = 0, stop_step: int | None = None,
           history: dict | None = None, progress: bool = True) -> dict:
-    """Run optimizer steps start_step .. stop_step - 1 (default: to the end of the run) and return the
-    history, extended in place if one is passed. Evaluates every tcfg.eval_every steps and at the last step."""
+    """Optimizer steps start_step .. stop_step - 1 (default: to the end); returns the history, extended in place."""
     stop_step = tcfg.total_steps if stop_step is None else stop_step
     check_int("start_step", start_step, 0)
     check_int("stop_step", stop_step, start_step)
-    if stop_step > tcfg.total_steps:
-        raise ValueError(f"stop_step {stop_step} > total_steps {tcfg.total_steps}: the learning-rate "
-                         "schedule ends there; make a TrainConfig with more total_steps")
+    check_number("stop_step", stop_step, start_step, tcfg.total_steps, why="the schedule ends at total_steps")
     history = new_history() if history is None else history
     device = next(model.parameters()).device
     model.train()
@@ -242,11 +201,9 @@ def train(model: GPTModel, optimizer: torch.optim.Optimizer, train_data: Tensor,
     return history
 
 # %% ../notebooks/09_training.ipynb #7a8723a3
-CHECKPOINT_FORMAT = "course_lib.training checkpoint v1"
-
-
-CHECKPOINT_KEYS = ("format", "model_config", "tie_weights", "model", "optimizer", "train_config",
-                   "tokenizer", "step", "generator", "torch_rng", "history")
+CHECKPOINT_FORMAT = "course_lib.training checkpoint v2"  # v2: model_config holds tie_weights
+CHECKPOINT_KEYS = ("format", "model_config", "model", "optimizer", "train_config", "tokenizer", "step",
+                   "generator", "torch_rng", "history")
 
 # %% ../notebooks/09_training.ipynb #d9fea159
 def tokenizer_state(tokenizer) -> dict:
@@ -255,8 +212,7 @@ def tokenizer_state(tokenizer) -> dict:
         return {"kind": "char", "chars": list(tokenizer.chars)}
     if isinstance(tokenizer, tiktoken.Encoding) and tokenizer.name == "gpt2":
         return {"kind": "gpt2"}
-    raise TypeError(f"tokenizer must be a CharTokenizer or course_lib's gpt2_tokenizer(), got "
-                    f"{type(tokenizer).__name__}")
+    raise TypeError(f"tokenizer must be a CharTokenizer or gpt2_tokenizer(), got {type(tokenizer).__name__}")
 
 
 def tokenizer_from_state(state: dict):
@@ -265,28 +221,15 @@ def tokenizer_from_state(state: dict):
 
 # %% ../notebooks/09_training.ipynb #d67dd04c
 def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Optimizer, tokenizer,
-                    tcfg: TrainConfig, step: int, generator: torch.Generator,
-                    history: dict | None = None) -> Path:
-    """Write everything needed to rebuild the model and continue training exactly where step `step` ended:
-    config, weights, optimizer moments, tokenizer vocabulary, batch generator and torch's random state.
-    Written to a temporary file first and renamed, so an interrupted save never leaves a half file at path."""
-    if not isinstance(model, GPTModel):
-        raise TypeError(f"model must be a GPTModel, got {type(model).__name__}")
+                    tcfg: TrainConfig, step: int, generator: torch.Generator, history: dict | None = None) -> Path:
+    """Write all that rebuilds the model and continues the run after step `step`, atomically (never half a file)."""
+    check_type("model", model, GPTModel, "save the GPTModel that the optimizer trains")
     check_int("step", step, 0)
     path = Path(path)
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "model_config": asdict(model.cfg),
-        "tie_weights": model.out_head.weight is model.embedding.tok_emb.weight,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "train_config": asdict(tcfg),
-        "tokenizer": tokenizer_state(tokenizer),
-        "step": step,
-        "generator": generator.get_state(),
-        "torch_rng": torch.get_rng_state(),  # dropout draws from it
-        "history": history,
-    }
+    payload = {"format": CHECKPOINT_FORMAT, "model_config": asdict(model.cfg),  # the config says tie_weights
+               "model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_config": asdict(tcfg),
+               "tokenizer": tokenizer_state(tokenizer), "step": step, "generator": generator.get_state(),
+               "torch_rng": torch.get_rng_state(), "history": history}  # dropout draws from torch_rng
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     torch.save(payload, partial)
@@ -297,7 +240,6 @@ def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Op
 @dataclass
 class Checkpoint:
     """Everything load_checkpoint() rebuilt; resume with train(..., start_step=ckpt.step, history=ckpt.history)."""
-
     model: GPTModel
     optimizer: torch.optim.AdamW
     tokenizer: object
@@ -309,59 +251,50 @@ class Checkpoint:
 # %% ../notebooks/09_training.ipynb #36b0e876
 def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
                     expected_config: GPTConfig | None = None, expected_tokenizer=None) -> Checkpoint:
-    """Rebuild model (on device, default cpu), optimizer, tokenizer, batch generator and step from a
-    save_checkpoint() file, and restore torch's random state. expected_config / expected_tokenizer: raise
-    if the checkpoint was made with another model shape or another vocabulary."""
+    """Rebuild the run saved at path (model on device, default cpu); check expected_config / expected_tokenizer."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist: check the path, or create the file with "
-                                "save_checkpoint(...)")
+        raise FileNotFoundError(f"checkpoint {path} does not exist: check the path, or write it with save_checkpoint")
+    def refuse(problem: str, fix: str = "save it again with save_checkpoint(...)") -> ValueError:
+        return ValueError(f"checkpoint {path} {problem}; {fix}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # a truncated zip, a pickle error, another file type: all mean "not readable"
         reason = str(error).split(". ")[0].strip() or type(error).__name__  # the first sentence is enough
-        raise ValueError(f"checkpoint {path} cannot be read ({reason}): the file is truncated or is not a "
-                         "checkpoint, e.g. a copy or save was interrupted; save it again with "
-                         "save_checkpoint(...)") from error
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"{path} is not a course_lib training checkpoint (format {found!r}, expected "
-                         f"{CHECKPOINT_FORMAT!r}): write checkpoints with save_checkpoint(...)")
-    missing = [key for key in CHECKPOINT_KEYS if key not in payload]
-    if missing:
-        raise ValueError(f"checkpoint {path} lacks {missing}: it was not written by save_checkpoint(...) "
-                         "of this version; save it again")
+        raise refuse(f"cannot be read ({reason}): the file is truncated or is not a checkpoint, e.g. a copy or "
+                     "save was interrupted") from error
+    found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+    if found != CHECKPOINT_FORMAT:
+        raise refuse(f"is not a course_lib training checkpoint of this version (format {found!r}, expected "
+                     f"{CHECKPOINT_FORMAT!r}; v1 kept tie_weights outside the model config)")
+    if missing := [key for key in CHECKPOINT_KEYS if key not in payload]:
+        raise refuse(f"lacks {missing}: it was not written by save_checkpoint(...) of this version")
     try:
-        cfg = GPTConfig(**payload["model_config"])
-        tcfg = TrainConfig(**payload["train_config"])
+        cfg, tcfg = GPTConfig(**payload["model_config"]), TrainConfig(**payload["train_config"])
     except (TypeError, ValueError) as error:
-        raise ValueError(f"checkpoint {path} holds a config this version cannot build ({error}); save it "
-                         "again with save_checkpoint(...)") from error
+        raise refuse(f"holds a config this version cannot build ({error})") from error
     if expected_config is not None and cfg != expected_config:
         differ = [f"{f.name} {getattr(cfg, f.name)!r} (you expect {getattr(expected_config, f.name)!r})"
                   for f in fields(GPTConfig) if getattr(cfg, f.name) != getattr(expected_config, f.name)]
-        raise ValueError(f"checkpoint {path} holds a model with {', '.join(differ)}: build the model from "
-                         "the checkpoint's own config (ckpt.model.cfg) or load a checkpoint of this shape")
+        raise refuse(f"holds a model with {', '.join(differ)}", "build the model from the checkpoint's own "
+                     "config (ckpt.model.cfg) or load a checkpoint of this shape")
     tokenizer = tokenizer_from_state(payload["tokenizer"])
     if expected_tokenizer is not None and tokenizer_state(expected_tokenizer) != payload["tokenizer"]:
-        raise ValueError(f"checkpoint {path} was trained with another vocabulary than expected_tokenizer, so "
-                         "its token ids mean other characters: use the checkpoint's tokenizer (ckpt.tokenizer)")
+        raise refuse("was trained with another vocabulary than expected_tokenizer, so its token ids mean other "
+                     "characters", "use the checkpoint's tokenizer (ckpt.tokenizer)")
     vocab_size = tokenizer.vocab_size if isinstance(tokenizer, CharTokenizer) else tokenizer.n_vocab
     if vocab_size != cfg.vocab_size:
-        raise ValueError(f"checkpoint {path} is inconsistent: its tokenizer has {vocab_size} tokens but its "
-                         f"model has vocab_size {cfg.vocab_size}; save it again with save_checkpoint(...)")
-    model = GPTModel(cfg, tie_weights=payload["tie_weights"])
+        raise refuse(f"is inconsistent: its tokenizer has {vocab_size} tokens but its model has vocab_size "
+                     f"{cfg.vocab_size}")
+    model = GPTModel(cfg)  # tied iff cfg.tie_weights
     try:
         model.load_state_dict(payload["model"])
         model.to(device if device is not None else "cpu")
         optimizer = make_optimizer(model, tcfg)
         optimizer.load_state_dict(payload["optimizer"])  # moves the moments to the parameters' device
     except (RuntimeError, ValueError) as error:
-        lines = str(error).strip().splitlines()
-        detail = lines[1].strip() if len(lines) > 1 else lines[0]  # the first key or shape that differs
-        raise ValueError(f"checkpoint {path}: the stored weights do not fit its own config ({detail}); "
-                         "save it again with save_checkpoint(...)") from error
-    generator = torch.Generator()
-    generator.set_state(payload["generator"])
+        detail = (str(error).strip().splitlines()[1:] or [str(error)])[0].strip()  # the first key that differs
+        raise refuse(f"is damaged: the stored weights do not fit its own config ({detail})") from error
+    generator = torch.Generator().set_state(payload["generator"])  # the batches continue where they stopped
     torch.set_rng_state(payload["torch_rng"])
     return Checkpoint(model, optimizer, tokenizer, tcfg, payload["step"], generator, payload["history"])

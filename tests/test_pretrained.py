@@ -95,10 +95,11 @@ def test_save_gpt2_then_hugging_face_from_pretrained_gives_equal_logits(saved, t
 
 
 def test_untied_model_without_qkv_bias_round_trips_through_hugging_face(tmp_path):
-    """GPTModel's defaults (separate head, and here no qkv bias) are saved as an untied GPT-2 with zero
+    """A model like notebook 09's (separate head, no qkv bias) is saved as an untied GPT-2 with zero
     c_attn biases: Hugging Face and load_gpt2 both compute the same logits from it."""
     torch.manual_seed(3)
-    cfg = GPTConfig(vocab_size=300, context_length=16, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False)
+    cfg = GPTConfig(vocab_size=300, context_length=16, emb_dim=32, n_heads=2, n_layers=2, qkv_bias=False,
+                    tie_weights=False)
     model = GPTModel(cfg).eval()
     save_gpt2(model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -109,7 +110,7 @@ def test_untied_model_without_qkv_bias_round_trips_through_hugging_face(tmp_path
     assert info["missing_keys"] == set() and info["unexpected_keys"] == set()
     assert hf.lm_head.weight.data_ptr() != hf.transformer.wte.weight.data_ptr()
     reloaded = load_gpt2(tmp_path, device="cpu")
-    assert reloaded.out_head.weight is not reloaded.embedding.tok_emb.weight
+    assert reloaded.out_head.weight is not reloaded.embedding.tok_emb.weight and not reloaded.cfg.tie_weights
     ids = prompt(300, tokens=5)
     with torch.no_grad():
         torch.testing.assert_close(hf.eval()(ids).logits, model(ids), atol=1e-4, rtol=0)
@@ -118,7 +119,7 @@ def test_untied_model_without_qkv_bias_round_trips_through_hugging_face(tmp_path
 
 def test_name_map_covers_every_hugging_face_parameter_exactly():
     hf = GPT2Model(GPT2Config(n_embd=32, n_layer=3, n_head=2, vocab_size=50, n_positions=8))
-    ours = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=32, n_heads=2, n_layers=3), True)
+    ours = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=32, n_heads=2, n_layers=3))  # tied
     rows = expand_name_map(3)
     assert {hf_name for _, hf_name, _, _ in rows} == set(hf.state_dict())
     assert {name for name, _, _, _ in rows} == set(dict(ours.named_parameters()))
@@ -137,8 +138,8 @@ def hub_style_state(hf: GPT2LMHeadModel) -> dict[str, torch.Tensor]:
 
 
 def small_model(tie_weights: bool = True) -> GPTModel:
-    cfg = GPTConfig(vocab_size=1000, context_length=64, emb_dim=64, n_heads=4, n_layers=2)
-    return GPTModel(cfg, tie_weights=tie_weights).eval()
+    cfg = GPTConfig(vocab_size=1000, context_length=64, emb_dim=64, n_heads=4, n_layers=2, tie_weights=tie_weights)
+    return GPTModel(cfg).eval()
 
 
 def test_hub_style_names_buffers_and_tied_lm_head_are_accepted():
@@ -213,12 +214,13 @@ def test_fill_from_hf_refuses_models_the_map_cannot_fill(small_state):
     cfg = GPTConfig(vocab_size=1000, context_length=64, emb_dim=64, n_heads=4, n_layers=2, qkv_bias=False)
     with pytest.raises(ValueError, match=r"^model has no parameter trf_blocks.0.att.W_query.bias, but every "
                                          r"GPT-2 checkpoint fills one: build the model with GPTConfig\(qkv_bias=True\)"):
-        fill_from_hf(GPTModel(cfg, tie_weights=True), small_state)
+        fill_from_hf(GPTModel(cfg), small_state)
     model = small_model()
     model.extra_scale = torch.nn.Parameter(torch.ones(1))
     with pytest.raises(ValueError, match=r"^model parameter extra_scale has no GPT-2 counterpart"):
         fill_from_hf(model, small_state)
-    with pytest.raises(TypeError, match=r"^model must be a course_lib GPTModel, got GPT2LMHeadModel"):
+    with pytest.raises(TypeError, match=r"^model must be a GPTModel, got GPT2LMHeadModel: build one with "
+                                        r"GPTModel\(cfg\), or load one with load_gpt2"):
         fill_from_hf(hf_model(**SMALL), small_state)
 
 
@@ -265,8 +267,9 @@ def test_a_bad_config_value_gives_a_clear_error(small_dir, tmp_path, change, mes
 
 
 def test_config_defaults_and_n_ctx_follow_hugging_face():
-    cfg, tied = config_from_hf({"n_ctx": 512, "n_layer": 2})  # everything else: GPT2Config's defaults
-    assert cfg == GPTConfig(context_length=512, n_layers=2) and tied is True
+    cfg = config_from_hf({"n_ctx": 512, "n_layer": 2})  # everything else: GPT2Config's defaults
+    assert cfg == GPTConfig(context_length=512, n_layers=2) and cfg.tie_weights is True
+    assert config_from_hf({"tie_word_embeddings": False}) == GPTConfig(tie_weights=False)
     with pytest.raises(TypeError, match=r"^config: a config must be a JSON object \(dict\), got list"):
         config_from_hf([1, 2])
 
@@ -298,9 +301,9 @@ def test_missing_directory_files_and_bad_arguments(tmp_path, small_state):
                                          r"'cuda', got 'gpu0'"):
         load_gpt2(tmp_path, device="gpu0")
     assert load_gpt2(tmp_path, device="cpu").cfg.emb_dim == 64  # the same folder loads with a real device
-    with pytest.raises(TypeError, match=r"^model must be a course_lib GPTModel, got dict"):
+    with pytest.raises(TypeError, match=r"^model must be a GPTModel, got dict: pass a course_lib GPTModel"):
         save_gpt2(small_state, tmp_path / "out")
-    with pytest.raises(TypeError, match=r"^model must be a course_lib GPTModel, got dict"):
+    with pytest.raises(TypeError, match=r"^model must be a GPTModel, got dict: pass a course_lib GPTModel"):
         hf_state_from(small_state)
     with pytest.raises(TypeError, match=r"^directory must be a path, got NoneType"):
         save_gpt2(small_model(), None)

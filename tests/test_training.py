@@ -28,7 +28,7 @@ def corpus():
 
 def tiny_model(tokenizer, drop_rate=0.0, tie_weights=False, seed=0):
     torch.manual_seed(seed)
-    return GPTModel(GPTConfig(vocab_size=tokenizer.vocab_size, drop_rate=drop_rate, **TINY), tie_weights)
+    return GPTModel(GPTConfig(vocab_size=tokenizer.vocab_size, drop_rate=drop_rate, tie_weights=tie_weights, **TINY))
 
 
 TCFG = TrainConfig(total_steps=12, batch_size=4, max_lr=3e-3, min_lr=3e-4, warmup_steps=3, eval_every=4,
@@ -63,18 +63,18 @@ def test_split_is_by_position(corpus):
     assert train_data.tolist() == [0, 1, 2, 3, 4, 5, 6] and val_data.tolist() == [7, 8, 9]
 
 
-@pytest.mark.parametrize("data, fraction, error, message", [
-    ([1, 2, 3], 0.1, TypeError, r"data must be a 1-D torch.Tensor of token ids, got list"),
-    (torch.rand(5), 0.1, TypeError, r"data must hold integer token ids, got dtype torch.float32"),
-    (torch.zeros(2, 5, dtype=torch.long), 0.1, ValueError, r"one stream of tokens \(1-D\), got shape \(2, 5\)"),
-    (torch.arange(10), 0.0, ValueError, r"val_fraction must be a float strictly between 0 and 1, got 0.0"),
-    (torch.arange(10), 1, ValueError, r"val_fraction must be a float strictly between 0 and 1, got 1"),
+@pytest.mark.parametrize("token_ids, fraction, error, message", [
+    ([1, 2, 3], 0.1, TypeError, r"token_ids must be a torch.Tensor of token ids, got list"),
+    (torch.rand(5), 0.1, TypeError, r"token_ids must hold integer token ids, got dtype torch.float32"),
+    (torch.zeros(2, 5, dtype=torch.long), 0.1, ValueError, r"token_ids must be 1-D \(tokens,\), got shape \(2, 5\)"),
+    (torch.arange(10), 0.0, ValueError, r"val_fraction must be in \(0, 1\), got 0.0: the share kept back"),
+    (torch.arange(10), 1, ValueError, r"val_fraction must be in \(0, 1\), got 1: the share kept back"),
     (torch.arange(1), 0.1, ValueError, r"val_fraction 0.1 of 1 tokens leaves one part empty"),
     (torch.arange(10), 1e-17, ValueError, r"val_fraction 1e-17 of 10 tokens leaves one part empty"),
 ])
-def test_split_errors(data, fraction, error, message):
+def test_split_errors(token_ids, fraction, error, message):
     with pytest.raises(error, match=message):
-        split_by_position(data, fraction)
+        split_by_position(token_ids, fraction)
 
 
 def test_get_batch_cuts_shifted_windows(corpus):
@@ -93,11 +93,11 @@ def test_get_batch_cuts_shifted_windows(corpus):
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
     (dict(context_length=2.0), TypeError, r"context_length must be an int, got 2.0"),
-    (dict(generator=123), TypeError, r"generator must be a torch.Generator, got int"),
-    (dict(context_length=10), ValueError, r"data has 10 tokens but one window needs context_length \+ 1 = 11"),
+    (dict(generator=123), TypeError, r"generator must be a Generator, got int: create one with torch.Generator"),
+    (dict(context_length=10), ValueError, r"context_length must be in \[1, 9\], got 10: a window holds context_length \+ 1"),
 ])
 def test_get_batch_errors(kwargs, error, message):
-    args = dict(data=torch.arange(10), batch_size=2, context_length=4, generator=torch.Generator()) | kwargs
+    args = dict(token_ids=torch.arange(10), batch_size=2, context_length=4, generator=torch.Generator()) | kwargs
     with pytest.raises(error, match=message):
         get_batch(**args)
 
@@ -114,6 +114,12 @@ def test_cross_entropy_equals_pytorch():
     assert abs(ours.item() - by_hand.item()) < 1e-5
 
 
+def test_cross_entropy_takes_any_integer_dtype_of_targets():
+    logits = torch.randn(2, 3, 7)
+    targets = torch.randint(0, 7, (2, 3))
+    assert torch.equal(cross_entropy(logits, targets.int()), cross_entropy(logits, targets))
+
+
 def test_cross_entropy_is_stable_where_log_of_softmax_is_not():
     logits = torch.tensor([[[0.0, 200.0]]])  # the target (id 0) gets probability e^-200: float32 gives 0
     naive = -torch.log(torch.softmax(logits, -1))[0, 0, 0]
@@ -123,9 +129,11 @@ def test_cross_entropy_is_stable_where_log_of_softmax_is_not():
 
 @pytest.mark.parametrize("logits, targets, error, message", [
     (torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), TypeError, r"logits must be a float tensor \(batch, tokens, vocab_size\), got \(2, 3\)"),
-    (torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), ValueError, r"targets must be a long tensor of shape \(2, 3\).*torch.int64 \(2, 4\)"),
-    (torch.zeros(2, 3, 5), torch.zeros(2, 3), ValueError, r"targets must be a long tensor of shape \(2, 3\).*got torch.float32"),
-    (torch.zeros(1, 2, 5), torch.tensor([[0, 5]]), ValueError, r"targets must be token ids in \[0, 4\], got values from 0 to 5"),
+    (torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), ValueError, r"targets has shape \(2, 4\) but logits \(2, 3, 5\) need \(2, 3\): one target id per position"),
+    (torch.zeros(2, 3, 5), torch.zeros(2, 3), TypeError, r"targets must hold integer token ids, got dtype torch.float32: convert with .long\(\)"),
+    (torch.zeros(1, 2, 5), torch.tensor([[0, 5]]), ValueError, r"targets holds token id 5 >= vocab_size 5"),
+    (torch.zeros(1, 2, 5), torch.tensor([[0, -1]]), ValueError, r"targets holds token id -1 < 0"),
+    (torch.zeros(1, 2, 5), torch.tensor([0, 1]), ValueError, r"targets must be 2-D \(batch, tokens\), got shape \(2,\)"),
 ])
 def test_cross_entropy_errors(logits, targets, error, message):
     with pytest.raises(error, match=message):
@@ -152,7 +160,7 @@ def test_lr_schedule_values():
     assert lr_at(100, tcfg) == pytest.approx(1e-4)  # the last step
     lrs = [lr_at(s, tcfg) for s in range(101)]
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10])) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    with pytest.raises(ValueError, match=r"step 101 is past the run: steps go from 0 to total_steps - 1 = 100"):
+    with pytest.raises(ValueError, match=r"step must be in \[0, 101\), got 101: past the run: add total_steps"):
         lr_at(101, tcfg)
     with pytest.raises(ValueError, match=r"step must be >= 0, got -1"):
         lr_at(-1, tcfg)
@@ -161,11 +169,14 @@ def test_lr_schedule_values():
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(total_steps=0), ValueError, r"total_steps must be >= 1, got 0"),
     (dict(batch_size=2.5), TypeError, r"batch_size must be an int, got 2.5"),
-    (dict(warmup_steps=1000), ValueError, r"warmup_steps 1000 must be < total_steps 1000"),
-    (dict(max_lr=-1.0), ValueError, r"max_lr must be a finite number >= 0, got -1.0"),
-    (dict(min_lr=1.0), ValueError, r"need 0 <= min_lr <= max_lr and max_lr > 0, got min_lr 1.0 and max_lr 0.004"),
-    (dict(grad_clip=0), ValueError, r"grad_clip must be a number > 0, got 0: it is the largest gradient norm"),
-    (dict(grad_clip=float("nan")), ValueError, r"grad_clip must be a number > 0, got nan"),
+    (dict(warmup_steps=1000), ValueError, r"warmup_steps must be in \[0, 1000\), got 1000: it is in the run"),
+    (dict(max_lr=-1.0), ValueError, r"max_lr must be in \(0, inf\), got -1.0"),
+    (dict(max_lr=0.0, min_lr=0.0), ValueError, r"max_lr must be in \(0, inf\), got 0.0"),
+    (dict(max_lr=math.inf), ValueError, r"max_lr must be in \(0, inf\), got inf"),
+    (dict(min_lr=1.0), ValueError, r"min_lr must be in \[0, 0.004\], got 1.0: the rate falls from max_lr to min_lr"),
+    (dict(weight_decay=-0.1), ValueError, r"weight_decay must be in \[0, inf\), got -0.1"),
+    (dict(grad_clip=0), ValueError, r"grad_clip must be in \(0, inf\], got 0: the largest gradient norm"),
+    (dict(grad_clip=float("nan")), ValueError, r"grad_clip must be in \(0, inf\], got nan"),
 ])
 def test_train_config_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -213,7 +224,7 @@ def test_a_single_batch_can_be_memorised(corpus):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(stop_step=13), r"stop_step 13 > total_steps 12: the learning-rate schedule ends there"),
+    (dict(stop_step=13), r"stop_step must be in \[0, 12\], got 13: the schedule ends at total_steps"),
     (dict(start_step=5, stop_step=4), r"stop_step must be >= 5, got 4"),
 ])
 def test_train_errors(corpus, kwargs, message):
@@ -253,6 +264,8 @@ def test_checkpoint_round_trip_is_bit_exact(corpus, tmp_path, tie_weights):
     assert ckpt.model.cfg == model.cfg and ckpt.step == 3 and ckpt.train_config == TCFG
     assert ckpt.tokenizer.chars == tokenizer.chars and ckpt.history == history
     assert (ckpt.model.out_head.weight is ckpt.model.embedding.tok_emb.weight) == tie_weights
+    assert ckpt.model.cfg.tie_weights == tie_weights
+    assert "tie_weights" not in torch.load(path, weights_only=True)  # the config carries it (format v2)
     assert torch.equal(ckpt.generator.get_state(), generator.get_state())
     assert ckpt.optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
 
@@ -311,15 +324,28 @@ def test_a_file_that_is_no_checkpoint(tmp_path):
     with pytest.raises(ValueError, match=r"notes.pt cannot be read"):
         load_checkpoint(tmp_path / "notes.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match=r"other.pt is not a course_lib training checkpoint \(format None"):
+    with pytest.raises(ValueError, match=r"other.pt is not a course_lib training checkpoint of this version "
+                                         r"\(format None, expected 'course_lib.training checkpoint v2'"):
         load_checkpoint(tmp_path / "other.pt")
+
+
+def test_a_version_1_checkpoint_is_refused_clearly(tmp_path, corpus):
+    payload = torch.load(saved(tmp_path, corpus), weights_only=True)
+    payload["format"] = "course_lib.training checkpoint v1"
+    payload["tie_weights"] = payload["model_config"].pop("tie_weights")  # how v1 stored it
+    torch.save(payload, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match=r"old.pt is not a course_lib training checkpoint of this version \(format "
+                                         r"'course_lib.training checkpoint v1', expected 'course_lib.training "
+                                         r"checkpoint v2'; v1 kept tie_weights outside the model config\); save it "
+                                         r"again with save_checkpoint"):
+        load_checkpoint(tmp_path / "old.pt")
 
 
 @pytest.mark.parametrize("change, message", [
     (lambda p: p.pop("optimizer"), r"edited.pt lacks \['optimizer'\]"),
     (lambda p: p["model_config"].update(emb_dim=33), r"edited.pt holds a config this version cannot build "
                                                      r"\(emb_dim 33 is not divisible by n_heads 2"),
-    (lambda p: p["model"].pop("final_norm.scale"), r"edited.pt: the stored weights do not fit its own config "
+    (lambda p: p["model"].pop("final_norm.scale"), r"edited.pt is damaged: the stored weights do not fit its own config "
                                                    r"\(Missing key\(s\) in state_dict: \"final_norm.scale\""),
     (lambda p: p["tokenizer"]["chars"].pop(), r"edited.pt is inconsistent: its tokenizer has 64 tokens but "
                                                r"its model has vocab_size 65"),
@@ -331,8 +357,8 @@ def test_damaged_checkpoints(tmp_path, corpus, change, message):
 
 def test_a_checkpoint_of_another_shape_or_vocabulary(tmp_path, corpus):
     path = saved(tmp_path, corpus)
-    other = GPTConfig(vocab_size=65, drop_rate=0.0, **(TINY | dict(emb_dim=64)))
-    with pytest.raises(ValueError, match=r"good.pt holds a model with emb_dim 32 \(you expect 64\): build"):
+    other = GPTConfig(vocab_size=65, drop_rate=0.0, tie_weights=False, **(TINY | dict(emb_dim=64)))
+    with pytest.raises(ValueError, match=r"good.pt holds a model with emb_dim 32 \(you expect 64\); build"):
         load_checkpoint(path, expected_config=other)
     with pytest.raises(ValueError, match=r"good.pt was trained with another vocabulary than expected_tokenizer"):
         load_checkpoint(path, expected_tokenizer=CharTokenizer.from_text("abc"))
@@ -341,7 +367,7 @@ def test_a_checkpoint_of_another_shape_or_vocabulary(tmp_path, corpus):
 
 
 def ckpt_cfg(corpus):
-    return GPTConfig(vocab_size=corpus[1].vocab_size, drop_rate=0.0, **TINY)
+    return GPTConfig(vocab_size=corpus[1].vocab_size, drop_rate=0.0, tie_weights=False, **TINY)
 
 
 def test_save_checkpoint_errors(tmp_path, corpus):
@@ -349,6 +375,6 @@ def test_save_checkpoint_errors(tmp_path, corpus):
     optimizer = make_optimizer(model, TCFG)
     with pytest.raises(TypeError, match=r"model must be a GPTModel, got Linear"):
         save_checkpoint(tmp_path / "x.pt", torch.nn.Linear(2, 2), optimizer, corpus[1], TCFG, 0, torch.Generator())
-    with pytest.raises(TypeError, match=r"tokenizer must be a CharTokenizer or course_lib's gpt2_tokenizer\(\), got dict"):
+    with pytest.raises(TypeError, match=r"tokenizer must be a CharTokenizer or gpt2_tokenizer\(\), got dict"):
         save_checkpoint(tmp_path / "x.pt", model, optimizer, {}, TCFG, 0, torch.Generator())
     assert not list(tmp_path.iterdir())
