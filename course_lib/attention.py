@@ -192,12 +192,15 @@ class MultiHeadAttention(MultiHeadAttentionEinsum):
             check_type("kv_cache", kv_cache, KVCache, "pass KVCache() for incremental mode, or None")
         cached = 0 if kv_cache is None else len(kv_cache)  # positions this layer has already seen
         check_attention_input(x, self.emb_dim, self.context_length, self.W_query.weight.dtype, cached)
-        tokens = x.shape[1]
-        queries, keys, values = (self.split_heads(layer(x)) for layer in (self.W_query, self.W_key, self.W_value))
+        batch, tokens, _ = x.shape
+        heads = (batch, tokens, self.n_heads, self.head_dim)  # emb_dim cut into n_heads pieces, as in section 4b
+        queries, keys, values = (layer(x).view(heads).transpose(1, 2)  # (batch, n_heads, tokens, head_dim)
+                                 for layer in (self.W_query, self.W_key, self.W_value))
         if kv_cache is not None:
             keys, values = kv_cache.append(keys, values)  # (batch, n_heads, cached + tokens, head_dim)
         # New token i sits at position cached + i: it may attend to positions 0 .. cached + i, not the rest.
         may_attend = ~self.future_mask[cached:cached + tokens, :cached + tokens]  # (tokens, cached + tokens)
         context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=may_attend,
                                                  dropout_p=self.drop_rate if self.training else 0.0)
-        return self.merge_heads(context)  # (batch, tokens, emb_dim)
+        merged = context.transpose(1, 2).reshape(batch, tokens, self.emb_dim)  # heads side by side again
+        return self.out_proj(merged)  # (batch, tokens, emb_dim)
