@@ -14,7 +14,7 @@ from fancy_einsum import einsum
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .guards import check_activations, check_bool, check_int, check_number, check_type
+from .guards import check_activations, check_bool, check_config, check_int, check_number, check_type
 
 # %% ../notebooks/05_attention.ipynb #1b4b16fd
 def check_attention_input(x, emb_dim, context_length, dtype, cached_tokens=0):
@@ -69,7 +69,7 @@ class MultiHeadAttentionWrapper(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+        check_config(cfg)
         self.emb_dim, self.n_heads, self.head_dim = cfg.emb_dim, cfg.n_heads, cfg.emb_dim // cfg.n_heads
         self.heads = nn.ModuleList(CausalAttention(cfg.emb_dim, self.head_dim, cfg.context_length, cfg.drop_rate,
                                                    cfg.qkv_bias)
@@ -113,7 +113,7 @@ class MultiHeadAttentionEinsum(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+        check_config(cfg)
         self.emb_dim, self.n_heads, self.head_dim = cfg.emb_dim, cfg.n_heads, cfg.emb_dim // cfg.n_heads
         self.context_length, self.drop_rate = cfg.context_length, cfg.drop_rate
         self.W_query = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)  # all heads' queries side by side

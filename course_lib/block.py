@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .config import GPTConfig
 from .feedforward import FeedForward
-from .guards import check_type
+from .guards import check_config
 from .normalization import LayerNorm
 
 # %% ../notebooks/06_transformer_block.ipynb #f295a71b
@@ -21,7 +21,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+        check_config(cfg)
         self.norm1 = LayerNorm(cfg.emb_dim)
         self.att = MultiHeadAttention(cfg)  # calls F.scaled_dot_product_attention
         self.norm2 = LayerNorm(cfg.emb_dim)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import GPTConfig
-from .guards import check_int, check_token_tensor, check_type
+from .guards import check_config, check_int, check_token_tensor
 
 # %% ../notebooks/02_embeddings.ipynb #c0132a13
 class SinusoidalPositionalEmbedding(nn.Module):
@@ -56,7 +56,7 @@ class GPTEmbedding(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+        check_config(cfg)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.emb_dim)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)
         self.drop_emb = nn.Dropout(cfg.drop_rate)

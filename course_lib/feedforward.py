@@ -4,14 +4,12 @@
 __all__ = ['GELU', 'FeedForward']
 
 # %% ../notebooks/04_gelu_feedforward.ipynb #0157ebff
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import GPTConfig
-from .guards import check_activations, check_type
+from .guards import check_activations, check_config
 
 # %% ../notebooks/04_gelu_feedforward.ipynb #6be3d048
 class GELU(nn.Module):
@@ -28,7 +26,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(emb_dim=...) or take one from GPT2_CONFIGS")
+        check_config(cfg)
         self.emb_dim = cfg.emb_dim
         self.fc = nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim)  # expand: (..., emb_dim) -> (..., 4 * emb_dim)
         self.gelu = GELU()

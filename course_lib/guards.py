@@ -46,6 +46,13 @@ def check_type(name: str, value, expected: type, fix: str) -> None:
         raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}: {fix}")
 
 
+def check_config(cfg) -> None:
+    """A GPTConfig: every class that is part of the GPT is built from one."""
+    from course_lib.config import GPTConfig  # here, not at the top: config.py itself imports the guards
+
+    check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+
+
 def check_activations(name: str, x, size: int | None = None, dims: int | None = None,
                       dtype: torch.dtype | None = None) -> None:
     """A floating-point tensor; with `size`, its last dimension has that many entries; with `dims`, it has

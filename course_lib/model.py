@@ -13,7 +13,7 @@ from .attention import KVCache
 from .block import TransformerBlock
 from .config import GPTConfig
 from .embeddings import GPTEmbedding
-from .guards import check_bool, check_int, check_type
+from .guards import check_bool, check_config, check_int, check_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462
@@ -24,7 +24,7 @@ class GPTModel(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+        check_config(cfg)
         self.cfg = cfg
         self.embedding = GPTEmbedding(cfg)  # token + position embeddings, dropout
         self.trf_blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
