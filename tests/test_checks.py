@@ -10,6 +10,7 @@ import pkgutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course_lib import checks
@@ -199,7 +200,7 @@ def make_layernorm(bug=None):
     class MyLayerNorm(nn.Module):
         def __init__(self, emb_dim, eps=1e-5):
             super().__init__()
-            self.eps = 0.0 if bug == "no_eps" else eps
+            self.eps = {"no_eps": 0.0, "eps_ignored": 1e-5}.get(bug, eps)
             if bug == "weight_bias":
                 self.weight, self.bias = nn.Parameter(torch.ones(emb_dim)), nn.Parameter(torch.zeros(emb_dim))
             elif bug != "no_params":
@@ -229,7 +230,7 @@ LAYERNORM_BUGS = {"eps_outside": "eps is added outside the square root", "unbias
                   "wrong_axis": "normalising over the wrong dimension", "no_params": "no learnable scale and shift",
                   "unused_params": "scale and shift are not applied", "no_eps": "eps is missing",
                   "no_mean": "the mean is not subtracted", "weight_bias": "name them as in the lesson",
-                  "in_place": "in-place operation on the input"}
+                  "in_place": "in-place operation on the input", "eps_ignored": "your eps argument is ignored"}
 
 
 def test_layernorm_passes(capsys):
@@ -331,7 +332,7 @@ def test_feedforward_bugs(bug):
 
 # ----------------------------------------------------------------------------------------- attention
 
-def my_attention(queries, keys, values, bug=None, scale_dim=None):
+def my_attention(queries, keys, values, bug=None, scale_dim=None, dropout=None):
     tokens = queries.shape[-2]
     scores = queries @ keys.transpose(-2, -1)  # (..., tokens, tokens)
     if bug != "no_scale":
@@ -348,7 +349,27 @@ def my_attention(queries, keys, values, bug=None, scale_dim=None):
     else:
         fill = 0.0 if bug == "fill_zero" else -torch.inf
         weights = torch.softmax(scores.masked_fill(future, fill), dim=dim)
-    return weights @ values
+    return (weights if dropout is None else dropout(weights)) @ values
+
+
+def attention_parts(module, d_in, d_out, qkv_bias, drop_rate, bug):
+    """The projections and the attention dropout of a learner's attention class, with the planted bugs of its
+    constructor arguments: qkv_bias ignored, biases never used, drop_rate ignored, kept weights not rescaled."""
+    bias = qkv_bias and bug != "no_qkv_bias"
+    module.W_query, module.W_key, module.W_value = (nn.Linear(d_in, d_out, bias=bias) for _ in range(3))
+    module.dropout = UnscaledDropout(drop_rate) if bug == "dropout_not_rescaled" else nn.Dropout(
+        0.0 if bug == "no_dropout" else drop_rate)
+
+
+class UnscaledDropout(nn.Dropout):
+    def forward(self, w):  # zeroes like nn.Dropout but forgets to divide the survivors by 1 - p
+        return w * (torch.rand_like(w) >= self.p) if self.training else w
+
+
+def projections(module, x, bug):
+    if bug == "bias_unused":
+        return tuple(F.linear(x, layer.weight) for layer in (module.W_query, module.W_key, module.W_value))
+    return module.W_query(x), module.W_key(x), module.W_value(x)
 
 
 ATTENTION_BUGS = {"after_softmax": "mask is applied after the softmax",
@@ -362,14 +383,12 @@ def make_causal_attention(bug=None):
     class MyCausalAttention(nn.Module):
         def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
             super().__init__()
-            self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-            self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+            attention_parts(self, d_in, d_out, qkv_bias, dropout, bug)
             self.d_in = d_in
 
         def forward(self, x):
             scale_dim = self.d_in if bug == "scale_d_in" else None
-            return my_attention(self.W_query(x), self.W_key(x), self.W_value(x), bug, scale_dim)
+            return my_attention(*projections(self, x, bug), bug, scale_dim, self.dropout)
 
     return MyCausalAttention
 
@@ -385,9 +404,14 @@ def test_causal_attention_function_bugs(bug):
     fails(checks.check_causal_attention, functools.partial(my_attention, bug=bug), ATTENTION_BUGS[bug])
 
 
-def test_causal_attention_class_bugs():
-    fails(checks.check_causal_attention, make_causal_attention("after_softmax"), ATTENTION_BUGS["after_softmax"])
-    fails(checks.check_causal_attention, make_causal_attention("scale_d_in"), r"divided by sqrt\(emb_dim\)")
+ARGUMENT_BUGS = {"no_qkv_bias": "qkv_bias is ignored", "bias_unused": "the biases must be added",
+                 "no_dropout": "drop_rate is ignored", "dropout_not_rescaled": r"divided by \(1 - drop_rate\)"}
+
+
+@pytest.mark.parametrize("bug", ["after_softmax", "scale_d_in", *ARGUMENT_BUGS])
+def test_causal_attention_class_bugs(bug):
+    expected = {**ATTENTION_BUGS, **ARGUMENT_BUGS, "scale_d_in": r"divided by sqrt\(emb_dim\)"}[bug]
+    fails(checks.check_causal_attention, make_causal_attention(bug), expected)
 
 
 def make_multihead(bug=None):
@@ -396,9 +420,7 @@ def make_multihead(bug=None):
             super().__init__()
             d = cfg.emb_dim
             self.n_heads, self.head_dim, self.emb_dim = cfg.n_heads, d // cfg.n_heads, d
-            self.W_query = nn.Linear(d, d, bias=cfg.qkv_bias)
-            self.W_key = nn.Linear(d, d, bias=cfg.qkv_bias)
-            self.W_value = nn.Linear(d, d, bias=cfg.qkv_bias)
+            attention_parts(self, d, d, cfg.qkv_bias, cfg.drop_rate, bug)
             if bug != "no_out_proj":
                 self.out_proj = nn.Linear(d, d)
 
@@ -412,9 +434,9 @@ def make_multihead(bug=None):
                     return t.view(batch, tokens, self.head_dim, self.n_heads).permute(0, 3, 1, 2)
                 return t.view(batch, tokens, self.n_heads, self.head_dim).transpose(1, 2)
 
-            q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
+            q, k, v = (split(t) for t in projections(self, x, bug))
             scale_dim = self.emb_dim if bug == "scale_emb_dim" else None
-            context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim)
+            context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim, self.dropout)
             if bug in ("merge_no_transpose", "view_no_transpose"):
                 merged = context.reshape(batch, tokens, self.emb_dim)
             else:
@@ -429,7 +451,8 @@ MULTIHEAD_BUGS = {"view_no_transpose": r"split along the wrong axis: t.view\(bat
                   "interleaved": r"split along the wrong axis: view\(batch, tokens, head_dim, n_heads\)",
                   "merge_no_transpose": "merged without transposing back",
                   "out_proj_unused": "out_proj is missing", "no_out_proj": "out_proj is missing",
-                  "scale_emb_dim": r"divided by sqrt\(emb_dim\)", "after_softmax": "mask is applied after the softmax"}
+                  "scale_emb_dim": r"divided by sqrt\(emb_dim\)", "after_softmax": "mask is applied after the softmax",
+                  **ARGUMENT_BUGS}
 
 
 def test_multihead_passes(capsys):
@@ -548,11 +571,14 @@ def my_scale_logits(logits, temperature, bug=None):
     if bug == "in_place":
         logits /= temperature
         return logits
+    if bug == "clamped":
+        return logits / max(temperature, 0.1)
     return logits / temperature
 
 
 TEMPERATURE_BUGS = {"multiplied": "multiplied by the temperature", "after_softmax": "temperature applied after softmax",
-                    "probabilities": "you return probabilities", "in_place": "in-place operation"}
+                    "probabilities": "you return probabilities", "in_place": "in-place operation",
+                    "clamped": "the temperature is clamped to at least 0.1"}
 
 
 def test_temperature_passes(capsys):
@@ -569,6 +595,9 @@ def test_temperature_bugs(bug):
 def my_top_k(logits, k, bug=None):
     if bug != "no_clamp":
         k = min(k, logits.shape[-1])
+    if bug in (None, "no_clamp"):  # the lesson's way: exactly k survive, also on ties
+        top = logits.topk(k, dim=-1)
+        return torch.full_like(logits, -torch.inf).scatter(-1, top.indices, top.values)
     if bug == "batch":
         threshold = logits.flatten().topk(k).values[-1]
     elif bug == "k_plus_one":
@@ -586,7 +615,8 @@ def my_top_k(logits, k, bug=None):
 
 TOP_K_BUGS = {"less_equal": "keeps k - 1 tokens", "k_plus_one": r"keeps k \+ 1 tokens",
               "zero_fill": "set to 0 instead of -inf", "no_clamp": "k larger than the vocabulary",
-              "smallest": "keeps the k smallest", "batch": "over the whole batch"}
+              "smallest": "keeps the k smallest", "batch": "over the whole batch",
+              "keeps_ties": "keeps more than k tokens when logits tie"}
 
 
 def test_top_k_passes(capsys):
@@ -669,11 +699,11 @@ def test_loss_bugs(bug):
 
 # Each table above with the number of bugs it plants today: a table that loses entries fails the count below.
 PLANTED = {"MERGE_BUGS": (MERGE_BUGS, 6), "SINUSOIDAL_BUGS": (SINUSOIDAL_BUGS, 5),
-           "EMBEDDING_BUGS": (EMBEDDING_BUGS, 6), "LAYERNORM_BUGS": (LAYERNORM_BUGS, 9), "GELU_BUGS": (GELU_BUGS, 6),
+           "EMBEDDING_BUGS": (EMBEDDING_BUGS, 6), "LAYERNORM_BUGS": (LAYERNORM_BUGS, 10), "GELU_BUGS": (GELU_BUGS, 6),
            "FEEDFORWARD_BUGS": (FEEDFORWARD_BUGS, 5), "ATTENTION_BUGS": (ATTENTION_BUGS, 8),
-           "MULTIHEAD_BUGS": (MULTIHEAD_BUGS, 7), "BLOCK_BUGS": (BLOCK_BUGS, 7), "MODEL_BUGS": (MODEL_BUGS, 6),
-           "TEMPERATURE_BUGS": (TEMPERATURE_BUGS, 4), "TOP_K_BUGS": (TOP_K_BUGS, 6), "TOP_P_BUGS": (TOP_P_BUGS, 4),
-           "LOSS_BUGS": (LOSS_BUGS, 7)}
+           "MULTIHEAD_BUGS": (MULTIHEAD_BUGS, 11), "BLOCK_BUGS": (BLOCK_BUGS, 7), "MODEL_BUGS": (MODEL_BUGS, 6),
+           "TEMPERATURE_BUGS": (TEMPERATURE_BUGS, 5), "TOP_K_BUGS": (TOP_K_BUGS, 7), "TOP_P_BUGS": (TOP_P_BUGS, 4),
+           "LOSS_BUGS": (LOSS_BUGS, 7), "ARGUMENT_BUGS": (ARGUMENT_BUGS, 4)}
 
 
 def test_planted_bug_count():

@@ -3,6 +3,7 @@
 import functools
 import inspect
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +64,44 @@ def attention_variants(core, d_k: int, others: dict[str, int]):
     return found
 
 
+def check_bias_and_dropout(ck: Checker, make_mine, make_ref, layers: tuple[str, ...], x: Tensor) -> None:
+    """The two constructor arguments the default cases leave at False and 0: qkv_bias=True must give W_query,
+    W_key and W_value biases that the forward adds; drop_rate must drop attention in training mode (rescaled, so
+    the mean output is the same) and nothing in eval mode. make_*(qkv_bias, drop_rate) build a module."""
+    mine, ref = make_mine(True, 0.0), make_ref(True, 0.0).double().eval()
+    for name in ("W_query", "W_key", "W_value"):
+        if getattr(getattr(mine, name, None), "bias", None) is None:
+            ck.fail(f"with qkv_bias=True, {name} has no bias",
+                    "qkv_bias is ignored: build the projection with bias=qkv_bias, e.g. nn.Linear(..., bias=qkv_bias)")
+    mine = mine.double().eval()
+    with torch.no_grad():
+        for name in ("W_query", "W_key", "W_value"):
+            getattr(ref, name).bias.normal_()  # non-zero biases: a forward that skips them shows
+        for name in layers:
+            getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
+        compare(ck, ck.call("forward with qkv_bias=True", mine, x), ref(x), [], "with qkv_bias=True",
+                "the biases must be added: call the layers themselves, self.W_query(x)")
+        mine, ref = make_mine(False, 0.5).double(), make_ref(False, 0.5).double()
+        for name in layers:
+            getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
+        expected = ref.eval()(x)
+        compare(ck, ck.call("forward in eval mode with drop_rate=0.5", mine.eval(), x), expected, [],
+                "with drop_rate=0.5 in eval mode", "dropout must be off in eval mode: use nn.Dropout, which "
+                "follows the module's mode (or F.dropout(..., training=self.training))")
+        mine.train()
+        draws = torch.stack([ck.call("forward in training mode with drop_rate=0.5", mine, x) for _ in range(400)])
+    if torch.allclose(draws[0], draws[1]):
+        ck.fail("with drop_rate=0.5 in training mode, two forward passes give the same output",
+                "drop_rate is ignored: drop attention weights after the softmax in training mode, "
+                "self.dropout = nn.Dropout(drop_rate) and weights = self.dropout(weights)")
+    error = ((draws.mean(dim=0) - expected).norm() / expected.norm()).item()
+    if error > 0.2:  # about 0.05 for a correct layer over 400 passes; 0.5 when the kept weights are not rescaled
+        ck.fail(f"with drop_rate=0.5 in training mode, the mean of 400 outputs is {error:.0%} away from the "
+                "output without dropout", "the kept attention weights must be divided by (1 - drop_rate), as "
+                "nn.Dropout does, so that dropout leaves the mean unchanged")
+    ck.ok()
+
+
 @isolated_rng
 def check_causal_attention(learner_impl) -> None:
     """Check causal self-attention from notebook 05, given either
@@ -106,6 +145,14 @@ def check_causal_attention(learner_impl) -> None:
 
             def qkv(x):
                 return ref.W_query(x), ref.W_key(x), ref.W_value(x)
+
+            def extra_arguments():
+                check_bias_and_dropout(
+                    ck, lambda bias, rate: build(ck, learner_impl, emb_dim, d_k, context_length, rate, bias,
+                                                 signature="MyCausalAttention(emb_dim, head_dim, context_length, "
+                                                 "drop_rate, qkv_bias=False)"),
+                    lambda bias, rate: CausalAttention(emb_dim, d_k, context_length, rate, bias),
+                    ("W_query", "W_key", "W_value"), torch.randn(batch, tokens, emb_dim, dtype=torch.float64))
         else:
             require_function(ck, learner_impl, "my_attention(queries, keys, values)")
             # The reference on given queries/keys/values: a CausalAttention whose projections pick them out of
@@ -121,6 +168,9 @@ def check_causal_attention(learner_impl) -> None:
 
             def qkv(x):
                 return x[..., :d_k], x[..., d_k:2 * d_k], x[..., 2 * d_k:]
+
+            def extra_arguments():
+                pass  # a function has no qkv_bias or drop_rate
 
             def run(x):
                 q, k, v = (t.clone() for t in qkv(x))
@@ -146,6 +196,7 @@ def check_causal_attention(learner_impl) -> None:
                     "the causal mask is missing or applied in the wrong place; mask the scores above the diagonal "
                     "with -inf before the softmax")
         ck.ok()
+    extra_arguments()
     ck.done("Your causal attention matches course_lib's CausalAttention: scale, mask, softmax, weighted sum.")
 
 
@@ -247,4 +298,8 @@ def check_multihead_attention(learner_impl) -> None:
                     "the causal mask is missing or misplaced; mask each head's scores above the diagonal with -inf "
                     "before the softmax")
         ck.ok()
+    check_bias_and_dropout(ck, lambda bias, rate: build(ck, learner_impl, replace(cfg, qkv_bias=bias, drop_rate=rate),
+                                                        signature="MyMultiHeadAttention(cfg) with a GPTConfig"),
+                           lambda bias, rate: MultiHeadAttention(replace(cfg, qkv_bias=bias, drop_rate=rate)),
+                           ("W_query", "W_key", "W_value", "out_proj"), torch.randn(2, 5, emb_dim, dtype=torch.float64))
     ck.done("Your multi-head attention matches course_lib's MultiHeadAttention: split, attend, merge, project.")

@@ -80,7 +80,8 @@ def check_temperature(learner_impl) -> None:
         for logits, temperature in ((torch.randn(3, 10, dtype=torch.float64) * 2, 2.0),
                                     (torch.randn(3, 10, dtype=torch.float64) * 2, 0.5),
                                     (torch.randn(10, dtype=torch.float64) * 2, 1.0),
-                                    (torch.randn(2, 4, 10, dtype=torch.float64) * 2, 0.7)):
+                                    (torch.randn(2, 4, 10, dtype=torch.float64) * 2, 0.7),
+                                    (torch.randn(3, 10, dtype=torch.float64) * 2, 0.05)):  # near greedy
             situation = f"for logits of shape {tuple(logits.shape)} and temperature {temperature}"
             before = logits.clone()
             got = ck.call(f"my_scale_logits on logits {tuple(logits.shape)}, temperature={temperature}",
@@ -100,6 +101,9 @@ def check_temperature(learner_impl) -> None:
                 ("the temperature is ignored: return logits / temperature", lambda: as_distribution(logits)),
                 ("the logits are divided by temperature squared: divide them once",
                  lambda: as_distribution(logits / temperature**2)),
+                *[(f"the temperature is clamped to at least {floor}: divide by the temperature you are given, "
+                   "however small (0 is refused earlier, by the caller)",
+                   lambda floor=floor: as_distribution(logits / max(temperature, floor))) for floor in (0.1, 0.5)],
             ]
             compare(ck, as_distribution(got) if isinstance(got, Tensor) and got.is_floating_point() else got,
                     as_distribution(scale_logits(logits, temperature)), variants, situation + " (compared after "
@@ -113,7 +117,7 @@ def check_top_k(learner_impl) -> None:
 
     logits: a float tensor (..., vocab_size); k: an int >= 1 (larger than the vocabulary keeps everything). Must
     return a tensor of the same shape that keeps the k largest logits of each row unchanged and sets the others
-    to -inf, like course_lib.generation.top_k_filter. (Inputs have no ties.)"""
+    to -inf, like course_lib.generation.top_k_filter: exactly k survive, also when logits tie at the border."""
     ck = Checker("check_top_k")
     require_function(ck, learner_impl, "my_top_k(logits, k)")
     cases = [(torch.randn(4, 12), 3), (torch.randn(4, 12), 1), (torch.randn(12), 5), (torch.randn(2, 3, 12), 4),
@@ -152,6 +156,21 @@ def check_top_k(learner_impl) -> None:
             fail_empty_rows(ck, kept, situation)
             ck.fail(f"{situation}, you keep other tokens than the k largest of each row",
                     "torch.topk(logits, k).values[..., -1:] is each row's k-th largest logit; keep the logits >= it")
+        # ties at the border: exactly k survive (which of the tied logits is free), as in top_k_filter
+        tied, k = torch.tensor([[3.0, 1.0, 2.0, 2.0, 2.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]), 3
+        situation = "for the rows [3, 1, 2, 2, 2, 0] and [2, 2, 2, 2, 2, 2] (ties at the border) and k=3"
+        got = ck.call("my_top_k on tied logits, k=3", learner_impl, tied.clone(), k)
+        kept = check_logits_output(ck, got, tied, situation)
+        counts = kept.sum(dim=-1).tolist()
+        if counts != [k, k]:
+            ck.fail(f"{situation}, you keep {counts[0]} and {counts[1]} tokens",
+                    "keeps more than k tokens when logits tie at the border: `logits < kth_largest` keeps every "
+                    "tied logit; keep exactly k, e.g. scatter the values of torch.topk(logits, k) into a row of "
+                    "-inf" if max(counts) > k else "keep exactly k tokens per row, ties included")
+        if not bool(kept[0, 0]) or bool(kept[0, 1]) or bool(kept[0, 5]):
+            ck.fail(f"{situation}, you keep other tokens than 3 and two of the 2s in the first row",
+                    "keep the k largest logits; among equal logits at the border, any of them")
+        ck.ok()
     ck.done("Your top-k filter matches course_lib's top_k_filter.")
 
 

@@ -102,4 +102,13 @@ def check_layernorm(learner_impl) -> None:
                     "0 by 0; divide by torch.sqrt(var + eps)")
         compare(ck, got, ref(constant), [], "on rows whose values are all equal (zero variance)",
                 "a constant row normalises to 0, so the output must equal shift")
+        # eps = 0.01 matters where the variance is small: a class that ignores its eps argument shows it here
+        mine_eps = build(ck, learner_impl, emb_dim, 0.01, signature="MyLayerNorm(emb_dim, eps=1e-5)").double()
+        ref_eps = LayerNorm(emb_dim, eps=0.01).double()
+        x = 3.0 + 0.05 * torch.randn(2, 3, emb_dim, dtype=torch.float64)  # variance about 0.0025
+        got = ck.call("forward of MyLayerNorm(6, eps=0.01)", mine_eps, x)
+        compare(ck, got, ref_eps(x), [("your eps argument is ignored: MyLayerNorm(6, eps=0.01) normalises with "
+                                       "eps 1e-5; store it (self.eps = eps) and use self.eps in forward",
+                                       lambda: LayerNorm(emb_dim).double()(x))],
+                "with eps=0.01 on rows of small variance", "divide by torch.sqrt(var + self.eps)")
     ck.done("Your LayerNorm matches course_lib's LayerNorm (and nn.LayerNorm).")
