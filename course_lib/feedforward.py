@@ -33,5 +33,5 @@ class FeedForward(nn.Module):
         self.proj = nn.Linear(4 * cfg.emb_dim, cfg.emb_dim)  # project back: (..., 4 * emb_dim) -> (..., emb_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_activations("x", x, self.emb_dim)  # (batch, tokens, emb_dim)
+        check_activations("x", x, self.emb_dim, dtype=self.fc.weight.dtype)  # (batch, tokens, emb_dim)
         return self.proj(self.gelu(self.fc(x)))  # (batch, tokens, emb_dim)

@@ -80,15 +80,15 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
     if not isinstance(ids, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}: wrap a list of "
                         "ids with torch.tensor(...)")
+    if ids.numel() == 0:  # before the dtype: torch.tensor([[]]), an empty prompt, is float32
+        raise ValueError(f"{name} is empty, shape {tuple(ids.shape)}: pass at least one token (to start from "
+                         f"nothing, use <|endoftext|>, id {EOS_ID})")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}: convert with .long()")
     if ids.dim() != dims:
         shape, fix = (("(batch, tokens)", "for a single sequence add a batch dimension with .unsqueeze(0)")
                       if dims == 2 else ("(tokens,)", "make it one stream of tokens with .flatten()"))
         raise ValueError(f"{name} must be {dims}-D {shape}, got shape {tuple(ids.shape)}: {fix}")
-    if ids.numel() == 0:
-        raise ValueError(f"{name} is empty, shape {tuple(ids.shape)}: pass at least one token (to start from "
-                         f"nothing, use <|endoftext|>, id {EOS_ID})")
     if device is not None and ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move it with .to(...)")
     if vocab_size is not None:

@@ -123,3 +123,10 @@ def test_feedforward_rejects_a_scalar():
 def test_feedforward_rejects_non_float_input(x):
     with pytest.raises(TypeError, match="^x must be a floating-point tensor of vectors"):
         FeedForward(SMALL)(x)
+
+
+def test_a_dtype_other_than_the_weights_is_named_not_left_to_matmul():
+    ff = FeedForward(GPTConfig(emb_dim=8, n_heads=2))
+    with pytest.raises(TypeError, match="x has dtype torch.float64 but the layer's weights are torch.float32"):
+        ff(torch.randn(2, 3, 8, dtype=torch.float64))
+    assert ff.double()(torch.randn(2, 3, 8, dtype=torch.float64)).dtype == torch.float64
