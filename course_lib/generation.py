@@ -122,7 +122,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     check_sampling_args(top_p=p)
     if p == 1:
         return logits
-    probs = torch.softmax(logits, dim=-1)  # (..., vocab_size)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))  # (..., vocab)
     sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # most likely first
     mass_before = F.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))  # probability of the tokens ahead
     drop_sorted = mass_before >= p  # the tokens ahead already reach p: this one is not needed
@@ -146,13 +146,20 @@ def sample_next_token(logits: Tensor, temperature: float = 0.0, top_k: int | Non
 
     temperature 0 is greedy (argmax; top_k, top_p and generator change nothing). Otherwise the logits are
     divided by the temperature, filtered by top-k, then by top-p, and one token is drawn from the softmax
-    with `generator` (the same seed gives the same tokens)."""
+    with `generator` (the same seed gives the same tokens). The choice is made in float32 (or float64) whatever
+    the logits' dtype: float16 logits / 0.001 would overflow, and a bfloat16 cumulative sum misjudges top-p."""
     check_logits(logits, dims=2)
     check_sampling_args(temperature, top_k, top_p)
     check_generator(generator, logits.device)
+    if bool((torch.isnan(logits) | (logits == math.inf)).any()):  # -inf is fine: a removed token
+        row = int((torch.isnan(logits) | (logits == math.inf)).any(dim=-1).nonzero()[0])
+        raise ValueError(f"logits row {row} holds NaN or +inf, so no token can be chosen: the model's output is "
+                         "broken (diverged weights, or an overflow in float16); check the model and its inputs")
+    if not bool((logits > -math.inf).any(dim=-1).all()):
+        raise ValueError("a row of logits is -inf everywhere: every token was removed, so none can be chosen")
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (batch, 1)
-    logits = scale_logits(logits, temperature)
+    logits = scale_logits(logits.to(torch.promote_types(logits.dtype, torch.float32)), temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None:

@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['SHAKESPEARE_FILE', 'SHAKESPEARE_SHA256', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'cross_entropy', 'load_shakespeare',
            'split_by_position', 'get_batch', 'batch_loss', 'sample_text', 'TrainConfig', 'lr_at', 'make_optimizer',
-           'evaluate', 'new_history', 'train', 'tokenizer_state', 'tokenizer_from_state', 'save_checkpoint',
-           'Checkpoint', 'load_checkpoint']
+           'evaluate', 'new_history', 'train', 'tokenizer_state', 'tokenizer_from_state', 'check_plain_data',
+           'save_checkpoint', 'Checkpoint', 'load_checkpoint']
 
 # %% ../notebooks/09_training.ipynb #ec98d096
 import hashlib
@@ -217,23 +217,49 @@ def tokenizer_state(tokenizer) -> dict:
 
 def tokenizer_from_state(state: dict):
     """The tokenizer that tokenizer_state() described."""
-    return CharTokenizer(state["chars"]) if state["kind"] == "char" else gpt2_tokenizer()
+    if state.get("kind") == "char":
+        return CharTokenizer(state["chars"])
+    if state.get("kind") == "gpt2":
+        return gpt2_tokenizer()
+    raise ValueError(f"unknown tokenizer kind {state.get('kind')!r}: expected 'char' or 'gpt2' (tokenizer_state)")
 
 # %% ../notebooks/09_training.ipynb #d67dd04c
+def check_plain_data(name: str, value) -> None:
+    """Only dicts with str keys, lists, tuples, str, int, float, bool and None: what weights_only loading reads."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_type(f"{name} key {key!r}", key, str, "use strings as keys")
+            check_plain_data(f"{name}[{key!r}]", item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_plain_data(f"{name}[{i}]", item)
+    elif value is not None and type(value) not in (str, int, float, bool):
+        raise TypeError(f"{name} is a {type(value).__module__}.{type(value).__name__}, which a checkpoint cannot "
+                        "load back safely: store plain Python values, e.g. float(x) or x.item()")
+
+
 def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Optimizer, tokenizer,
                     tcfg: TrainConfig, step: int, generator: torch.Generator, history: dict | None = None) -> Path:
     """Write all that rebuilds the model and continues the run after step `step`, atomically (never half a file)."""
     check_type("model", model, GPTModel, "save the GPTModel that the optimizer trains")
+    check_type("optimizer", optimizer, torch.optim.AdamW, "build it with make_optimizer(model, tcfg): "
+               "load_checkpoint rebuilds exactly that optimizer")
     check_int("step", step, 0)
+    check_plain_data("history", history)  # torch.load(..., weights_only=True) reads nothing else back
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"path {path} is a directory: pass a file path inside it, e.g. {path / 'run.pt'}")
     payload = {"format": CHECKPOINT_FORMAT, "model_config": asdict(model.cfg),  # the config says tie_weights
                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "train_config": asdict(tcfg),
                "tokenizer": tokenizer_state(tokenizer), "step": step, "generator": generator.get_state(),
                "torch_rng": torch.get_rng_state(), "history": history}  # dropout draws from torch_rng
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    torch.save(payload, partial)
-    os.replace(partial, path)  # atomic: path is either the old file or the complete new one
+    try:
+        torch.save(payload, partial)
+        os.replace(partial, path)  # atomic: path is either the old file or the complete new one
+    finally:
+        partial.unlink(missing_ok=True)  # nothing half-written stays behind, whatever failed
     return path
 
 # %% ../notebooks/09_training.ipynb #2de458bb
@@ -253,8 +279,15 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
                     expected_config: GPTConfig | None = None, expected_tokenizer=None) -> Checkpoint:
     """Rebuild the run saved at path (model on device, default cpu); check expected_config / expected_tokenizer."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint {path} is a directory: pass the checkpoint file inside it")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: check the path, or write it with save_checkpoint")
+    try:
+        device = torch.device("cpu" if device is None else device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device must be None, a torch.device or a name like 'cpu' or 'cuda', got {device!r}"
+                         ) from error
     def refuse(problem: str, fix: str = "save it again with save_checkpoint(...)") -> ValueError:
         return ValueError(f"checkpoint {path} {problem}; {fix}")
     try:
@@ -278,7 +311,10 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
                   for f in fields(GPTConfig) if getattr(cfg, f.name) != getattr(expected_config, f.name)]
         raise refuse(f"holds a model with {', '.join(differ)}", "build the model from the checkpoint's own "
                      "config (ckpt.model.cfg) or load a checkpoint of this shape")
-    tokenizer = tokenizer_from_state(payload["tokenizer"])
+    try:
+        tokenizer = tokenizer_from_state(payload["tokenizer"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise refuse(f"holds a tokenizer this version cannot rebuild ({error})") from error
     if expected_tokenizer is not None and tokenizer_state(expected_tokenizer) != payload["tokenizer"]:
         raise refuse("was trained with another vocabulary than expected_tokenizer, so its token ids mean other "
                      "characters", "use the checkpoint's tokenizer (ckpt.tokenizer)")
@@ -289,12 +325,16 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
     model = GPTModel(cfg)  # tied iff cfg.tie_weights
     try:
         model.load_state_dict(payload["model"])
-        model.to(device if device is not None else "cpu")
         optimizer = make_optimizer(model, tcfg)
-        optimizer.load_state_dict(payload["optimizer"])  # moves the moments to the parameters' device
+        optimizer.load_state_dict(payload["optimizer"])
     except (RuntimeError, ValueError) as error:
         detail = (str(error).strip().splitlines()[1:] or [str(error)])[0].strip()  # the first key that differs
         raise refuse(f"is damaged: the stored weights do not fit its own config ({detail})") from error
+    try:
+        model.to(device)
+        optimizer.load_state_dict(optimizer.state_dict())  # moves the moments to the parameters' device
+    except (RuntimeError, AssertionError) as error:  # a device this machine does not have
+        raise ValueError(f"cannot move the model to device {device} ({error}); load it with device='cpu'") from error
     generator = torch.Generator().set_state(payload["generator"])  # the batches continue where they stopped
     torch.set_rng_state(payload["torch_rng"])
     return Checkpoint(model, optimizer, tokenizer, tcfg, payload["step"], generator, payload["history"])

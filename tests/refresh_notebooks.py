@@ -14,6 +14,7 @@ Every refresh also sets each cell's slide type (see `mark_slides`), so that
 `jupyter nbconvert --to slides` turns any notebook into a lecture deck.
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from nbdev.export import nb_export
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
 ROOT = Path(__file__).resolve().parents[1]
+for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # as conftest.py does for pytest: one PyTorch thread
+    os.environ.setdefault(variable, "1")
 
 
 RAISES = "# NBVAL_RAISES_EXCEPTION"

@@ -1,3 +1,4 @@
+import math
 import re
 
 import pytest
@@ -341,3 +342,44 @@ def test_token_ids_on_another_device_than_the_model_is_rejected(model):
 def test_sampling_pieces_reject_bad_inputs(call, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call()
+
+
+# ----------------------------------------------------------------------------- non-finite logits, half precision
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_nan_or_plus_inf_logits_are_refused_by_name(bad, temperature):
+    logits = torch.randn(3, 10)
+    logits[1, 4] = bad
+    with pytest.raises(ValueError, match="logits row 1 holds NaN or \\+inf"):
+        sample_next_token(logits, temperature, generator=torch.Generator().manual_seed(0))
+
+
+def test_a_row_without_any_token_left_is_refused():
+    logits = torch.randn(2, 10)
+    logits[0] = -math.inf
+    with pytest.raises(ValueError, match="-inf everywhere"):
+        sample_next_token(logits, 1.0)
+    logits[0, 3] = 0.0  # one token left: it is the only choice
+    assert sample_next_token(logits, 1.0, generator=torch.Generator().manual_seed(0))[0, 0] == 3
+
+
+def test_float16_logits_at_a_tiny_temperature_sample_the_argmax():
+    logits = (torch.randn(4, 1000) * 100).half()  # logits / 0.001 overflow float16 (largest 65,504)
+    assert torch.isinf(scale_logits(logits, 0.001)).any(), "the overflow the sampler must avoid"
+    drawn = sample_next_token(logits, 0.001, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, logits.float().argmax(dim=-1, keepdim=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_top_p_in_half_precision_keeps_what_float32_keeps(dtype):
+    logits = (torch.randn(2, 50257, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+    kept = torch.isfinite(top_p_filter(logits, 0.99))
+    assert top_p_filter(logits, 0.99).dtype == dtype, "the logits keep their dtype"
+    assert torch.equal(kept, torch.isfinite(top_p_filter(logits.float(), 0.99)))
+
+
+def test_an_empty_prompt_is_called_empty_whatever_its_dtype():
+    model = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=1))
+    with pytest.raises(ValueError, match="token_ids is empty"):
+        generate(model, torch.tensor([[]]), 3)  # torch.tensor([[]]) is float32: the encoding of ""

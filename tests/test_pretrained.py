@@ -15,6 +15,7 @@ import course_lib.pretrained as pretrained
 from course_lib.config import GPTConfig
 from course_lib.generation import generate
 from course_lib.model import GPTModel
+from course_lib.tokenization import gpt2_tokenizer
 from course_lib.pretrained import (config_from_hf, expand_name_map, fill_from_hf, hf_state_from, load_gpt2,
                                    save_gpt2)
 
@@ -284,7 +285,8 @@ def test_invalid_json_in_config_gives_a_clear_error(small_dir, tmp_path):
 
 def test_missing_directory_files_and_bad_arguments(tmp_path, small_state):
     with pytest.raises(FileNotFoundError, match=r"config.json does not exist: a GPT-2 directory holds "
-                                                r"config.json and model.safetensors; write one with save_gpt2"):
+                                                r"config.json and model.safetensors \(or its shards and "
+                                                r"model.safetensors.index.json\); write one with save_gpt2"):
         load_gpt2(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
@@ -335,23 +337,109 @@ def test_a_known_name_downloads_both_files_from_its_hub_repo(no_network, monkeyp
     directory = small_dir
     requests = []
 
-    def fake_download(repo_id, filename):  # stands in for huggingface_hub's cached download
-        requests.append((repo_id, filename))
+    cached = set()
+
+    def fake_download(repo_id, filename, local_files_only=False):  # huggingface_hub's cached download
+        requests.append((repo_id, filename, local_files_only))
+        if local_files_only and filename not in cached:
+            raise LocalEntryNotFoundError("not in the cache yet")
+        cached.add(filename)
         return str(directory / filename)
 
     monkeypatch.setattr(pretrained, "hf_hub_download", fake_download)
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda: True)
     model = load_gpt2("gpt2-medium", device="cpu")
-    assert requests == [("openai-community/gpt2-medium", "config.json"),
-                        ("openai-community/gpt2-medium", "model.safetensors")]
+    assert requests == [("openai-community/gpt2-medium", "config.json", True),  # the cache first
+                        ("openai-community/gpt2-medium", "config.json", False),
+                        ("openai-community/gpt2-medium", "model.safetensors", False)]
+    assert model.cfg.emb_dim == SMALL["n_embd"]
+    requests.clear()
+    load_gpt2("gpt2-medium", device="cpu")  # now cached: no download at all
+    assert [local for *_, local in requests] == [True, True]
     assert model.cfg.emb_dim == SMALL["n_embd"]
 
 
 def test_a_failed_download_says_what_to_do(no_network, monkeypatch):
-    def offline(repo_id, filename):  # what huggingface_hub raises with no connection and no cached copy
+    def offline(repo_id, filename, local_files_only=False):  # no cached copy, and the download fails
         raise LocalEntryNotFoundError("cannot reach huggingface.co")
 
     monkeypatch.setattr(pretrained, "hf_hub_download", offline)
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda: True)  # the name resolves, the download fails
     with pytest.raises(OSError, match=r"^could not download 'gpt2' \(openai-community/gpt2\) from the Hugging "
                                       r"Face Hub: check the network, or fetch config.json and model.safetensors "
                                       r"elsewhere and pass their directory. The Hub said: cannot reach huggingface.co$"):
         load_gpt2("gpt2")
+
+
+def test_fill_from_hf_refuses_what_is_not_a_state_dict():
+    model = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=1))
+    with pytest.raises(TypeError, match="hf_state must be a dict, got list"):
+        fill_from_hf(model, list(model.state_dict().values()))
+
+
+@pytest.mark.parametrize("offline_flag", [True, False])
+def test_offline_fails_at_once_naming_hf_hub_offline_and_the_folder_route(no_network, monkeypatch, offline_flag):
+    calls = []
+
+    def cache_only(repo_id, filename, local_files_only=False):
+        calls.append(local_files_only)
+        if not local_files_only:
+            raise AssertionError("a download was attempted")
+        raise LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(pretrained, "hf_hub_download", cache_only)
+    monkeypatch.setattr(pretrained.hf_constants, "HF_HUB_OFFLINE", offline_flag)
+    if not offline_flag:  # no HF_HUB_OFFLINE, but the Hub's name does not resolve: one failed DNS lookup
+        def no_dns(*args, **kwargs):
+            raise socket.gaierror(-2, "Name or service not known")
+        monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    why = "HF_HUB_OFFLINE is set" if offline_flag else "there is no network"
+    with pytest.raises(OSError, match=rf"'gpt2' is not in the Hugging Face cache and {why}, so it cannot be "
+                                      r"downloaded: .* offline, copy a folder with config.json and "
+                                      r"model.safetensors here and pass its path, load_gpt2\('path/to/folder'\)"):
+        load_gpt2("gpt2")
+    assert calls == [True], "only the cache was asked"
+
+
+def test_a_sharded_folder_loads_like_a_single_file(tmp_path):
+    torch.manual_seed(0)
+    hf_model = GPT2LMHeadModel(GPT2Config(**SMALL)).eval()
+    hf_model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and not (tmp_path / "model.safetensors").exists()
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 7))
+    with torch.no_grad():
+        gap = (load_gpt2(tmp_path, device="cpu")(ids) - hf_model(ids).logits).abs().max().item()
+    assert gap < 1e-5
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=rf"lists the shard {shard.name}, which is not in .*: copy every shard"):
+        load_gpt2(tmp_path)
+
+
+def test_save_gpt2_over_a_sharded_folder_leaves_nothing_stale(tmp_path):
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(**SMALL)).save_pretrained(tmp_path, max_shard_size="100KB")
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 7, "max_length": 3}')
+    ours = GPTModel(config_from_hf(SMALL))
+    save_gpt2(ours, tmp_path)
+    assert not (tmp_path / "model.safetensors.index.json").exists() and not list(tmp_path.glob("model-*"))
+    assert json.loads((tmp_path / "generation_config.json").read_text()) == {"bos_token_id": None,
+                                                                             "eos_token_id": None}
+    reloaded = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 5))
+    with torch.no_grad():
+        assert (ours.eval()(ids) - reloaded(ids).logits).abs().max() < 1e-5
+
+
+def test_a_gpt2_vocabulary_folder_works_in_pipeline_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=50257, context_length=32, emb_dim=16, n_heads=2, n_layers=1))
+    save_gpt2(model, tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    text = "Hello, world! Tokens: 1234 éß"
+    assert tokenizer(text)["input_ids"] == gpt2_tokenizer().encode(text)
+    generator = transformers.pipeline("text-generation", model=str(tmp_path), device="cpu")
+    out = generator("Hello", max_new_tokens=5, do_sample=False)[0]["generated_text"]
+    expected = generate(model.eval(), torch.tensor([gpt2_tokenizer().encode("Hello")]), 5)
+    assert out == gpt2_tokenizer().decode(expected[0].tolist()) and out != "Hello"

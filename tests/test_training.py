@@ -378,3 +378,69 @@ def test_save_checkpoint_errors(tmp_path, corpus):
     with pytest.raises(TypeError, match=r"tokenizer must be a CharTokenizer or gpt2_tokenizer\(\), got dict"):
         save_checkpoint(tmp_path / "x.pt", model, optimizer, {}, TCFG, 0, torch.Generator())
     assert not list(tmp_path.iterdir())
+
+
+# Checkpoints that save and then cannot load, and misleading messages (issue 14, item 4)
+
+def test_a_history_that_could_not_be_loaded_back_is_refused_at_save(tmp_path, corpus):
+    import numpy as np
+    model = tiny_model(corpus[1])
+    history = training.new_history()
+    history["loss"].append(np.float64(2.5))  # e.g. from np.mean
+    with pytest.raises(TypeError, match=r"history\['loss'\]\[0\] is a numpy.float64, which a checkpoint cannot load "
+                                        r"back safely: store plain Python values, e.g. float\(x\)"):
+        save_checkpoint(tmp_path / "x.pt", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0,
+                        torch.Generator(), history)
+    assert not list(tmp_path.iterdir()), "nothing written"
+    history["loss"][0] = 2.5
+    load_checkpoint(save_checkpoint(tmp_path / "x.pt", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0,
+                                    torch.Generator(), history))
+
+
+def test_only_the_optimizer_load_checkpoint_can_rebuild_is_saved(tmp_path, corpus):
+    model = tiny_model(corpus[1])
+    with pytest.raises(TypeError, match=r"optimizer must be a AdamW, got SGD: build it with make_optimizer"):
+        save_checkpoint(tmp_path / "x.pt", model, torch.optim.SGD(model.parameters(), lr=0.1), corpus[1], TCFG, 0,
+                        torch.Generator())
+
+
+def test_directories_are_named_as_directories(tmp_path, corpus):
+    model = tiny_model(corpus[1])
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ValueError, match=r"runs is a directory: pass a file path inside it, e.g. .*runs/run.pt"):
+        save_checkpoint(tmp_path / "runs", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0, torch.Generator())
+    assert list(tmp_path.iterdir()) == [tmp_path / "runs"], "no .partial left behind"
+    with pytest.raises(IsADirectoryError, match=r"checkpoint .*runs is a directory: pass the checkpoint file"):
+        load_checkpoint(tmp_path / "runs")
+
+
+def test_a_failed_save_leaves_no_partial_file(tmp_path, corpus, monkeypatch):
+    model = tiny_model(corpus[1])
+
+    def disk_full(payload, path):
+        open(path, "wb").write(b"half a checkpoint")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(training.torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path / "x.pt", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0, torch.Generator())
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_device_name_that_does_not_exist_is_named(tmp_path, corpus):
+    with pytest.raises(ValueError, match=r"device must be None, a torch.device or a name like 'cpu' or 'cuda', "
+                                         r"got 'gpu'"):
+        load_checkpoint(saved(tmp_path, corpus), device="gpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_not_called_damage(tmp_path, corpus):
+    with pytest.raises(ValueError, match=r"cannot move the model to device cuda .*load it with device='cpu'"):
+        load_checkpoint(saved(tmp_path, corpus), device="cuda")
+
+
+def test_an_unknown_tokenizer_kind_is_refused_not_read_as_gpt2(tmp_path, corpus):
+    path = edited(tmp_path, corpus, lambda p: p.update(tokenizer={"kind": "sentencepiece"}))
+    with pytest.raises(ValueError, match=r"holds a tokenizer this version cannot rebuild \(unknown tokenizer kind "
+                                         r"'sentencepiece'"):
+        load_checkpoint(path)
