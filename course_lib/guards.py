@@ -46,6 +46,15 @@ def check_type(name: str, value, expected: type, fix: str) -> None:
         raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}: {fix}")
 
 
+def as_device(device) -> torch.device:
+    """`device` as a torch.device ('cpu', 'cuda', 'cuda:1', 'mps' or a torch.device), or a clear error."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device must be None, a torch.device or a name like 'cpu' or 'cuda', got "
+                         f"{device!r}") from error
+
+
 def check_config(cfg) -> None:
     """A GPTConfig: every class that is part of the GPT is built from one."""
     from course_lib.config import GPTConfig  # here, not at the top: config.py itself imports the guards

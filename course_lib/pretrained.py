@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .config import GPTConfig, get_device
-from .guards import EOS_ID, check_type
+from .guards import EOS_ID, as_device, check_type
 from .model import GPTModel
 from .tokenization import DATA_DIR, CharTokenizer
 
@@ -260,11 +260,7 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
     """A GPTModel (in eval mode, on `device`; default get_device()) holding GPT-2 weights from a Hugging Face
     directory (config.json + model.safetensors, or its shards) or from the Hub ("gpt2" .. "gpt2-xl")."""
     config_file, weight_files = gpt2_files(path_or_name)
-    try:
-        device = get_device() if device is None else torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device must be None, a torch.device or a name like 'cpu' or 'cuda', got "
-                         f"{device!r}") from error
+    device = get_device() if device is None else as_device(device)
     try:
         hf_config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from .config import GPTConfig
 from .generation import eval_mode, generate
-from .guards import check_int, check_number, check_token_tensor, check_type
+from .guards import as_device, check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
 from .tokenization import DATA_DIR, CharTokenizer, gpt2_tokenizer
 
@@ -283,11 +283,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
         raise IsADirectoryError(f"checkpoint {path} is a directory: pass the checkpoint file inside it")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist: check the path, or write it with save_checkpoint")
-    try:
-        device = torch.device("cpu" if device is None else device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device must be None, a torch.device or a name like 'cpu' or 'cuda', got {device!r}"
-                         ) from error
+    device = as_device("cpu" if device is None else device)
     def refuse(problem: str, fix: str = "save it again with save_checkpoint(...)") -> ValueError:
         return ValueError(f"checkpoint {path} {problem}; {fix}")
     try:
