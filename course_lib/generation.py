@@ -151,8 +151,9 @@ def sample_next_token(logits: Tensor, temperature: float = 0.0, top_k: int | Non
     check_logits(logits, dims=2)
     check_sampling_args(temperature, top_k, top_p)
     check_generator(generator, logits.device)
-    if bool((torch.isnan(logits) | (logits == math.inf)).any()):  # -inf is fine: a removed token
-        row = int((torch.isnan(logits) | (logits == math.inf)).any(dim=-1).nonzero()[0])
+    broken = torch.isnan(logits) | (logits == math.inf)  # (batch, vocab_size); -inf is fine: a removed token
+    if bool(broken.any()):
+        row = int(broken.any(dim=-1).nonzero()[0])
         raise ValueError(f"logits row {row} holds NaN or +inf, so no token can be chosen: the model's output is "
                          "broken (diverged weights, or an overflow in float16); check the model and its inputs")
     if not bool((logits > -math.inf).any(dim=-1).all()):
