@@ -82,7 +82,7 @@ def refresh(path: Path) -> float:
     for cell in expected_to_raise:
         cell.metadata["tags"] = [*cell.metadata.get("tags", []), "raises-exception"]
     manager = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
-    client = NotebookClient(notebook, km=manager, timeout=600, record_timing=False,
+    client = NotebookClient(notebook, km=manager, timeout=600, record_timing=False, coalesce_streams=True,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     client.execute()

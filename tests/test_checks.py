@@ -697,13 +697,83 @@ def test_loss_bugs(bug):
     fails(checks.check_next_token_loss, functools.partial(my_loss, bug=bug), LOSS_BUGS[bug])
 
 
+# ----------------------------------------------------------------------------------------- repetition penalty, beam step
+
+def my_repetition_penalty(logits, token_ids, penalty, bug=None):
+    out = logits.clone()
+    for row in range(logits.shape[0]):
+        history = token_ids[0 if bug == "row_zero" else row].tolist()
+        for token in (history if bug == "per_occurrence" else set(history)):
+            z = out[row, token]
+            if bug == "divide_all":
+                out[row, token] = z / penalty
+            elif bug == "multiply_all":
+                out[row, token] = z * penalty
+            elif bug == "swapped":
+                out[row, token] = z * penalty if z > 0 else z / penalty
+            else:
+                out[row, token] = z / penalty if z > 0 else z * penalty
+    if bug == "everything":
+        return torch.where(logits > 0, logits / penalty, logits * penalty)
+    return out
+
+
+REPETITION_BUGS = {"divide_all": "divided by the penalty: a negative logit", "multiply_all": "multiplied by the penalty",
+                   "swapped": "two cases are swapped", "per_occurrence": "once per occurrence",
+                   "everything": "every logit is penalised", "row_zero": "history of row 0"}
+
+
+def test_repetition_penalty_passes(capsys):
+    from course_lib.decoding import penalize_repetition
+
+    passes(checks.check_repetition_penalty, penalize_repetition, capsys, "penalize_repetition")
+    passes(checks.check_repetition_penalty, my_repetition_penalty, capsys, "penalize_repetition")
+
+
+@pytest.mark.parametrize("bug", REPETITION_BUGS)
+def test_repetition_penalty_bugs(bug):
+    fails(checks.check_repetition_penalty, functools.partial(my_repetition_penalty, bug=bug), REPETITION_BUGS[bug])
+
+
+def my_beam_step(beam_scores, log_probs, num_beams, bug=None):
+    beams, vocab = log_probs.shape
+    candidates = []  # (score, beam, token) for every beam and token
+    for beam in range(beams):
+        for token in range(vocab):
+            added = 0.0 if bug == "no_sum" else beam_scores[beam].item()
+            candidates.append((added + log_probs[beam, token].item(), beam, token))
+    if bug == "per_beam":
+        candidates = [max(c for c in candidates if c[1] == beam) for beam in range(beams)]
+    best = sorted(candidates, reverse=True)[:num_beams]
+    if bug == "worst_first":
+        best = best[::-1]
+    if bug == "split_by_beams":
+        best = [(s, (b * vocab + t) // num_beams, (b * vocab + t) % num_beams) for s, b, t in best]
+    return (torch.tensor([s for s, _, _ in best]), torch.tensor([b for _, b, _ in best]),
+            torch.tensor([t for _, _, t in best]))
+
+
+BEAM_STEP_BUGS = {"no_sum": "scores are not added", "per_beam": "best token of each beam",
+                  "split_by_beams": "split with num_beams", "worst_first": "best first"}
+
+
+def test_beam_step_passes(capsys):
+    passes(checks.check_beam_step, my_beam_step, capsys, "beam_search")
+
+
+@pytest.mark.parametrize("bug", BEAM_STEP_BUGS)
+def test_beam_step_bugs(bug):
+    fails(checks.check_beam_step, functools.partial(my_beam_step, bug=bug), BEAM_STEP_BUGS[bug])
+
+
 # Each table above with the number of bugs it plants today: a table that loses entries fails the count below.
 PLANTED = {"MERGE_BUGS": (MERGE_BUGS, 6), "SINUSOIDAL_BUGS": (SINUSOIDAL_BUGS, 5),
            "EMBEDDING_BUGS": (EMBEDDING_BUGS, 6), "LAYERNORM_BUGS": (LAYERNORM_BUGS, 10), "GELU_BUGS": (GELU_BUGS, 6),
            "FEEDFORWARD_BUGS": (FEEDFORWARD_BUGS, 5), "ATTENTION_BUGS": (ATTENTION_BUGS, 8),
            "MULTIHEAD_BUGS": (MULTIHEAD_BUGS, 11), "BLOCK_BUGS": (BLOCK_BUGS, 7), "MODEL_BUGS": (MODEL_BUGS, 6),
            "TEMPERATURE_BUGS": (TEMPERATURE_BUGS, 5), "TOP_K_BUGS": (TOP_K_BUGS, 7), "TOP_P_BUGS": (TOP_P_BUGS, 4),
-           "LOSS_BUGS": (LOSS_BUGS, 7), "ARGUMENT_BUGS": (ARGUMENT_BUGS, 4)}
+           "LOSS_BUGS": (LOSS_BUGS, 7), "ARGUMENT_BUGS": (ARGUMENT_BUGS, 4),
+           "REPETITION_BUGS": (REPETITION_BUGS, 6), "BEAM_STEP_BUGS": (BEAM_STEP_BUGS, 4)}
 
 
 def test_planted_bug_count():
@@ -727,7 +797,7 @@ def test_the_package_exports_the_check_of_every_lesson_file():
         module = importlib.import_module(f"{checks.__name__}.{info.name}")
         found.update({name: value for name, value in vars(module).items() if name.startswith("check_")
                       and hasattr(value, "__wrapped__") and value.__module__ == module.__name__})
-    assert len(found) == 15, sorted(found)
+    assert len(found) == 17, sorted(found)
     assert sorted(checks.__all__) == sorted([*found, "CheckFailed"])
     assert all(getattr(checks, name) is check for name, check in found.items())
     assert checks.CheckFailed is importlib.import_module("course_lib.checks.core").CheckFailed

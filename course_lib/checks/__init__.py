@@ -8,6 +8,7 @@ after it (tokenization.py checks the exercises of notebook 01, ...); core.py hol
 from .attention import check_causal_attention, check_multihead_attention
 from .block import check_transformer_block
 from .core import CheckFailed
+from .decoding import check_beam_step, check_repetition_penalty
 from .embeddings import check_gpt_embedding, check_sinusoidal_table
 from .feedforward import check_feedforward, check_gelu
 from .generation import check_temperature, check_top_k, check_top_p
@@ -27,4 +28,5 @@ __all__ = [
     "check_gpt_model",  # 07 gpt model
     "check_temperature", "check_top_k", "check_top_p",  # 08 generation
     "check_next_token_loss",  # 09 training
+    "check_repetition_penalty", "check_beam_step",  # 11 decoding
 ]
