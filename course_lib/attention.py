@@ -14,7 +14,8 @@ from fancy_einsum import einsum
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .guards import check_activations, check_bool, check_config, check_int, check_number, check_type
+from .guards import (check_activations, check_attention_mask, check_bool, check_config, check_int,
+                               check_number, check_type)
 
 # %% ../notebooks/05_attention.ipynb #1b4b16fd
 def check_attention_input(x, emb_dim, context_length, dtype, cached_tokens=0):
@@ -185,9 +186,10 @@ class MultiHeadAttention(MultiHeadAttentionEinsum):
     attention_weights, with forward computing the same function in one call of F.scaled_dot_product_attention.
 
     forward(x, kv_cache=cache) appends the new keys and values to `cache` and lets the new tokens attend to
-    every cached position."""
+    every cached position. attention_mask (batch, cached + tokens), 0 at padding, hides the pads from every
+    real token (prompts of different lengths in one batch, notebook 11)."""
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, attention_mask: Tensor | None = None) -> Tensor:
         if kv_cache is not None:
             check_type("kv_cache", kv_cache, KVCache, "pass KVCache() for incremental mode, or None")
         cached = 0 if kv_cache is None else len(kv_cache)  # positions this layer has already seen
@@ -200,6 +202,10 @@ class MultiHeadAttention(MultiHeadAttentionEinsum):
             keys, values = kv_cache.append(keys, values)  # (batch, n_heads, cached + tokens, head_dim)
         # New token i sits at position cached + i: it may attend to positions 0 .. cached + i, not the rest.
         may_attend = ~self.future_mask[cached:cached + tokens, :cached + tokens]  # (tokens, cached + tokens)
+        if attention_mask is not None:  # no real token may attend to a pad; a pad keeps its row (never read)
+            check_attention_mask(attention_mask, (batch, cached + tokens), x.device)
+            real = attention_mask.bool()  # (batch, cached + tokens)
+            may_attend = (may_attend & (real[:, None, :] | ~real[:, cached:, None]))[:, None]  # (batch, 1, tokens, all)
         context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=may_attend,
                                                  dropout_p=self.drop_rate if self.training else 0.0)
         merged = context.transpose(1, 2).reshape(batch, tokens, self.emb_dim)  # heads side by side again

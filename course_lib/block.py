@@ -28,9 +28,9 @@ class TransformerBlock(nn.Module):
         self.ff = FeedForward(cfg)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, attention_mask: Tensor | None = None) -> Tensor:
         """(batch, tokens, emb_dim) -> (batch, tokens, emb_dim); with kv_cache, the new tokens also attend
-        to the cached positions and their keys and values are appended to it."""
-        x = x + self.drop_shortcut(self.att(self.norm1(x), kv_cache))  # attention sub-layer + shortcut
+        to the cached positions and their keys and values are appended to it; attention_mask hides padding."""
+        x = x + self.drop_shortcut(self.att(self.norm1(x), kv_cache, attention_mask))  # attention + shortcut
         x = x + self.drop_shortcut(self.ff(self.norm2(x)))  # feed-forward sub-layer + shortcut
         return x  # (batch, tokens, emb_dim)

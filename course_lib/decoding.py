@@ -3,14 +3,15 @@
 # %% auto #0
 __all__ = ['ngrams', 'distinct_n', 'repeated_ngram_share', 'check_history', 'penalize_repetition', 'ban_repeated_ngrams',
            'penalize_frequency', 'min_p_filter', 'check_decoding_args', 'penalize', 'choose_token', 'stream_tokens',
-           'generate_tokens', 'stream_text', 'BeamSearchResult', 'reorder_caches', 'beam_search']
+           'generate_tokens', 'stream_text', 'BeamSearchResult', 'reorder_caches', 'beam_search', 'left_pad']
 
-# %% ../notebooks/11_decoding.ipynb #7d6e731a
+# %% ../notebooks/11_decoding.ipynb #36757265
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .generation import (check_generation_args, check_generator, check_logits, check_sampling_args,
@@ -18,7 +19,7 @@ from .generation import (check_generation_args, check_generator, check_logits, c
 from .guards import check_int, check_number, check_type
 from .model import GPTModel
 
-# %% ../notebooks/11_decoding.ipynb #9e110214
+# %% ../notebooks/11_decoding.ipynb #c96ae254
 def ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
     """Every run of n consecutive ids, in order: [1, 2, 3, 2] with n=2 -> [(1, 2), (2, 3), (3, 2)]."""
     check_int("n", n, minimum=1)
@@ -39,7 +40,7 @@ def repeated_ngram_share(ids: list[int], n: int) -> float:
         seen.add(gram)
     return repeats / len(grams) if grams else 0.0
 
-# %% ../notebooks/11_decoding.ipynb #a6b25e0c
+# %% ../notebooks/11_decoding.ipynb #11c3954e
 def check_history(token_ids: Tensor, logits: Tensor) -> None:
     """token_ids (batch, tokens) must be the integer ids the rows of logits (batch, vocab_size) continue."""
     check_logits(logits, dims=2)
@@ -61,7 +62,7 @@ def penalize_repetition(logits: Tensor, token_ids: Tensor, penalty: float) -> Te
     penalized = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(-1, token_ids, penalized)
 
-# %% ../notebooks/11_decoding.ipynb #5cb4f97e
+# %% ../notebooks/11_decoding.ipynb #e2c8ab27
 def ban_repeated_ngrams(logits: Tensor, token_ids: Tensor, n: int) -> Tensor:
     """Set to -inf every token that would complete an n-gram already present in its row of token_ids."""
     check_history(token_ids, logits)
@@ -74,7 +75,7 @@ def ban_repeated_ngrams(logits: Tensor, token_ids: Tensor, n: int) -> Tensor:
                 banned[row, gram[-1]] = True  # this token would repeat `gram`
     return logits.masked_fill(banned, float("-inf"))
 
-# %% ../notebooks/11_decoding.ipynb #0dadcf16
+# %% ../notebooks/11_decoding.ipynb #c92118dc
 def penalize_frequency(logits: Tensor, token_ids: Tensor, frequency: float = 0.0,
                                presence: float = 0.0) -> Tensor:
     """Subtract frequency * count + presence * (count > 0) from each token's logit, count = how often the token
@@ -85,7 +86,7 @@ def penalize_frequency(logits: Tensor, token_ids: Tensor, frequency: float = 0.0
     counts = torch.zeros_like(logits).scatter_add(-1, token_ids, torch.ones_like(token_ids, dtype=logits.dtype))
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
-# %% ../notebooks/11_decoding.ipynb #bf0bfcb9
+# %% ../notebooks/11_decoding.ipynb #b9eb5f0c
 def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     """Min-p sampling (Nguyen et al., 2024): drop every token whose probability is below min_p times the
     probability of the most likely token, so the cut-off rises when the model is sure and falls when it is not."""
@@ -96,7 +97,7 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     too_unlikely = probs < min_p * probs.amax(dim=-1, keepdim=True)  # the favourite itself is never dropped
     return logits.masked_fill(too_unlikely, float("-inf"))
 
-# %% ../notebooks/11_decoding.ipynb #9d800206
+# %% ../notebooks/11_decoding.ipynb #fbb88199
 def check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty):
     if min_p is not None:
         check_number("min_p", min_p, 0, 1, why="0.05-0.1 is common; None turns the filter off")
@@ -132,15 +133,21 @@ def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: f
         logits = top_p_filter(logits, top_p)
     return sample_next_token(min_p_filter(logits, min_p), 1.0, generator=generator)  # 1.0: already scaled
 
-# %% ../notebooks/11_decoding.ipynb #64b4afb8
+# %% ../notebooks/11_decoding.ipynb #87fcc12f
 @torch.no_grad()
 def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None = None, *,
                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                   min_p: float | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                   frequency_penalty: float = 0.0, presence_penalty: float = 0.0, eos_id: int | None = None,
-                  generator: torch.Generator | None = None) -> Iterator[Tensor]:
+                  generator: torch.Generator | None = None, attention_mask: Tensor | None = None) -> Iterator[Tensor]:
     """Yield each new token (batch, 1) the moment it is chosen: generate()'s loop with a KV cache, plus
-    min-p and the penalties. Pass the same seed as generate() and the same tokens come out."""
+    min-p and the penalties. Pass the same seed as generate() and the same tokens come out.
+
+    attention_mask (batch, tokens), from left_pad: 0 marks the padding of shorter prompts; it grows by a column
+    of 1s per step. The penalties see the pads, as in transformers."""
+    if attention_mask is not None and context_length is not None:
+        raise ValueError("attention_mask cannot be combined with a sliding window: leave context_length=None and "
+                         "keep the longest prompt plus max_new_tokens within the model's context")
     context_length = check_generation_args(model, token_ids, max_new_tokens, context_length)
     check_sampling_args(temperature, top_k, top_p)
     check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty)
@@ -155,9 +162,10 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
         with eval_mode(model):  # entered and left at every step: the caller runs between two tokens
             if caches is None or len(caches[0]) == context_length:  # first step, or the window is full
                 caches = model.new_kv_caches()
-                logits = model(token_ids[:, -context_length:], kv_caches=caches, last_only=True)
+                logits = model(token_ids[:, -context_length:], kv_caches=caches, last_only=True,
+                               attention_mask=attention_mask)
             else:
-                logits = model(token_ids[:, -1:], kv_caches=caches, last_only=True)
+                logits = model(token_ids[:, -1:], kv_caches=caches, last_only=True, attention_mask=attention_mask)
         logits = penalize(logits[:, -1, :].float(), token_ids, prompt_len, repetition_penalty,
                           no_repeat_ngram_size, frequency_penalty, presence_penalty)
         next_id = choose_token(logits, temperature, top_k, top_p, min_p, generator)  # (batch, 1)
@@ -165,6 +173,8 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
             next_id = next_id.masked_fill(finished.unsqueeze(1), eos_id)
             finished = finished | (next_id[:, 0] == eos_id)
         token_ids = torch.cat([token_ids, next_id], dim=1)
+        if attention_mask is not None:
+            attention_mask = F.pad(attention_mask, (0, 1), value=1)  # the new token is real in every row
         yield next_id
         if eos_id is not None and bool(finished.all()):
             return
@@ -174,7 +184,7 @@ def generate_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, **s
     """All of stream_tokens at once: (batch, tokens) -> (batch, tokens + new)."""
     return torch.cat([token_ids, *stream_tokens(model, token_ids, max_new_tokens, **settings)], dim=1)
 
-# %% ../notebooks/11_decoding.ipynb #d1699e4b
+# %% ../notebooks/11_decoding.ipynb #c2fe68b9
 def stream_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, **settings) -> Iterator[str]:
     """Yield the text of each new token as it is generated. A BPE token can hold part of a character (an
     emoji is several bytes); such text is held back until the character is complete."""
@@ -191,7 +201,7 @@ def stream_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, **
     if shown < len(text := tokenizer.decode(new_ids)):
         yield text[shown:]
 
-# %% ../notebooks/11_decoding.ipynb #b3a3b327
+# %% ../notebooks/11_decoding.ipynb #d2a63662
 @dataclass
 class BeamSearchResult:
     """What beam_search found: the best finished hypothesis and the search behind it."""
@@ -265,3 +275,17 @@ def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_toke
             logits = model(last, kv_caches=caches, last_only=True)[:, -1, :]  # (beams, vocab_size)
     score, new = finished[0]
     return BeamSearchResult(torch.tensor([prompt + new], device=token_ids.device), score, finished, steps)
+
+# %% ../notebooks/11_decoding.ipynb #ccd93ba7
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Stack prompts of different lengths into one batch, padded on the left with pad_id: returns token_ids
+    and attention_mask, both (batch, longest prompt), the mask 1 at real tokens and 0 at pads."""
+    if not isinstance(prompts, (list, tuple)) or not prompts or not all(
+            isinstance(p, (list, tuple)) and p and all(isinstance(i, int) for i in p) for p in prompts):
+        raise TypeError("prompts must be a non-empty list of non-empty lists of token ids, e.g. "
+                        "[tokenizer.encode(text) for text in texts]")
+    check_int("pad_id", pad_id, minimum=0)
+    longest = max(map(len, prompts))
+    token_ids = torch.tensor([[pad_id] * (longest - len(p)) + list(p) for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return token_ids, attention_mask

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import GPTConfig
-from .guards import check_config, check_int, check_token_tensor
+from .guards import check_config, check_int, check_positions, check_token_tensor
 
 # %% ../notebooks/02_embeddings.ipynb #c0132a13
 class SinusoidalPositionalEmbedding(nn.Module):
@@ -52,6 +52,7 @@ class GPTEmbedding(nn.Module):
 
     `forward(token_ids, start_pos=0)` maps integer ids (batch, tokens) to (batch, tokens, emb_dim); the
     tokens sit at positions start_pos .. start_pos + tokens - 1 (a KV cache feeds one new token at a time).
+    `positions` (batch, tokens), if given, sets every token's position itself (rows padded on the left, notebook 11).
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -61,16 +62,19 @@ class GPTEmbedding(nn.Module):
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)
         self.drop_emb = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, token_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, start_pos: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
         check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.tok_emb.num_embeddings,
                            device=self.tok_emb.weight.device)  # reads the ids' min and max once per call
         check_int("start_pos", start_pos, minimum=0)
         num_tokens, context_length = token_ids.shape[1], self.pos_emb.num_embeddings
-        if start_pos + num_tokens > context_length:
+        if positions is not None:
+            check_positions(positions, token_ids, context_length)
+        elif start_pos + num_tokens > context_length:
             restart = " and restart at start_pos 0 (reset the KV cache)" if start_pos else ""
             raise ValueError(f"start_pos {start_pos} + {num_tokens} tokens need positions "
                              f"{start_pos}..{start_pos + num_tokens - 1} but context_length is "
                              f"{context_length}; crop the input to the last {context_length} tokens{restart}")
-        positions = torch.arange(start_pos, start_pos + num_tokens, device=token_ids.device)  # (tokens,)
+        else:
+            positions = torch.arange(start_pos, start_pos + num_tokens, device=token_ids.device)  # (tokens,)
         tokens = self.tok_emb(token_ids.long())  # (batch, tokens, emb_dim)
         return self.drop_emb(tokens + self.pos_emb(positions))  # (tokens, emb_dim) broadcasts over the batch

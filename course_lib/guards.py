@@ -108,3 +108,34 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
         if low < 0:
             raise ValueError(f"{name} holds token id {low} < 0: token ids index the vocabulary, "
                              f"0 .. {vocab_size - 1}")
+
+
+def check_positions(positions, token_ids: Tensor, context_length: int) -> None:
+    """Position ids for token_ids (batch, tokens): integers of the same shape and device, each in
+    [0, context_length), the rows of the position-embedding table."""
+    if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or positions.dtype in (
+            torch.bool, torch.complex64, torch.complex128):
+        got = f"dtype {positions.dtype}" if isinstance(positions, Tensor) else type(positions).__name__
+        raise TypeError(f"positions must be an integer tensor (batch, tokens), got {got}")
+    if positions.shape != token_ids.shape or positions.device != token_ids.device:
+        raise ValueError(f"positions must have the shape and device of token_ids {tuple(token_ids.shape)} on "
+                         f"{token_ids.device}, got {tuple(positions.shape)} on {positions.device}: one position per token")
+    low, high = positions.min().item(), positions.max().item()
+    if low < 0 or high >= context_length:
+        raise ValueError(f"positions must be in [0, {context_length - 1}], the rows of the position embedding; "
+                         f"got {low} .. {high}")
+
+
+def check_attention_mask(mask, shape: tuple[int, int], device: torch.device) -> None:
+    """A padding mask of `shape` (batch, tokens so far) on `device`: 1 or True for a real token, 0 or False for
+    padding, as bools or integers."""
+    if not isinstance(mask, Tensor) or mask.dtype.is_floating_point or mask.dtype.is_complex:
+        got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"attention_mask must be a bool or integer tensor of 1s (real tokens) and 0s (padding), "
+                        f"got {got}")
+    if tuple(mask.shape) != tuple(shape) or mask.device != device:
+        raise ValueError(f"attention_mask must be shaped (batch, tokens so far) = {tuple(shape)} on {device}, one "
+                         f"entry per token of every row, the cached ones included; got {tuple(mask.shape)} on "
+                         f"{mask.device}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 1 (a real token) and 0 (padding)")

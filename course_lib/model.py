@@ -13,7 +13,7 @@ from .attention import KVCache
 from .block import TransformerBlock
 from .config import GPTConfig
 from .embeddings import GPTEmbedding
-from .guards import check_bool, check_config, check_int, check_type
+from .guards import check_attention_mask, check_bool, check_config, check_int, check_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462
@@ -56,11 +56,28 @@ class GPTModel(nn.Module):
         """One empty KVCache per transformer block, to pass to forward(..., kv_caches=...)."""
         return [KVCache() for _ in self.trf_blocks]
 
+    @staticmethod
+    def positions_after_padding(attention_mask: Tensor, token_ids: Tensor, start_pos: int) -> Tensor:
+        """The positions (batch, tokens) of token_ids in rows padded on the left: a row's first real token
+        is position 0, as if the row were alone. Pads get 0 too; no real token attends to them."""
+        batch, tokens = token_ids.shape
+        check_attention_mask(attention_mask, (batch, start_pos + tokens), token_ids.device)
+        real = attention_mask.long()  # (batch, start_pos + tokens)
+        if bool((real[:, 1:] < real[:, :-1]).any()) or not bool(real[:, -1].all()):
+            raise ValueError("attention_mask must pad on the left: in every row the 0s (pads) come first, then 1s "
+                             "up to the newest token; generation appends on the right, so right padding would put "
+                             "pads between a prompt and its continuation")
+        pads = (real == 0).sum(dim=1, keepdim=True)  # (batch, 1): the pads in front of each prompt
+        columns = torch.arange(start_pos, start_pos + tokens, device=token_ids.device)  # (tokens,)
+        return (columns - pads).clamp(min=0)  # (batch, tokens)
+
     def forward(self, token_ids: Tensor, kv_caches: list[KVCache] | None = None,
-                last_only: bool = False) -> Tensor:
+                last_only: bool = False, attention_mask: Tensor | None = None) -> Tensor:
         """Token ids (batch, tokens) -> logits (batch, tokens, vocab_size), or (batch, 1, vocab_size) for the
         last position only when last_only=True. With kv_caches (from new_kv_caches()), the tokens continue
-        the cached sequence: their positions start at len(kv_caches[0]) and every block extends its cache."""
+        the cached sequence: their positions start at len(kv_caches[0]) and every block extends its cache.
+        attention_mask (batch, cached + tokens): 1 for real tokens, 0 for padding on the left of shorter prompts
+        (notebook 11); pads are hidden from attention and each row's positions start at its first real token."""
         check_bool("last_only", last_only)
         caches_fit = kv_caches is None or (
             isinstance(kv_caches, (list, tuple)) and len(kv_caches) == len(self.trf_blocks)
@@ -71,9 +88,11 @@ class GPTModel(nn.Module):
             raise ValueError(f"kv_caches must be None or the list from model.new_kv_caches(): one KVCache per "
                              f"block ({len(self.trf_blocks)}), all holding the same number of tokens; got {got}")
         start_pos = 0 if kv_caches is None else len(kv_caches[0])  # new tokens continue after the cached ones
-        x = self.embedding(token_ids, start_pos)  # (batch, tokens, emb_dim); checks ids and positions
+        positions = None if attention_mask is None else self.positions_after_padding(attention_mask, token_ids,
+                                                                                      start_pos)
+        x = self.embedding(token_ids, start_pos, positions)  # (batch, tokens, emb_dim); checks ids and positions
         for i, block in enumerate(self.trf_blocks):
-            x = block(x, None if kv_caches is None else kv_caches[i])  # (batch, tokens, emb_dim)
+            x = block(x, None if kv_caches is None else kv_caches[i], attention_mask)  # (batch, tokens, emb_dim)
         if last_only:
             x = x[:, -1:, :]  # (batch, 1, emb_dim): generation needs only the next-token logits
         return self.out_head(self.final_norm(x))  # (batch, tokens or 1, vocab_size)

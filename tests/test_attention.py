@@ -419,3 +419,32 @@ def test_copy_into_a_wrapper_of_another_shape():
     with pytest.raises(ValueError, match=re.escape(
             "fused and wrapper disagree on qkv_bias: build both from the same GPTConfig")):
         copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, qkv_bias=True))
+
+
+# --- padding: attention_mask hides pads from every real token ------------------------------------------------
+
+def test_an_all_ones_mask_changes_nothing_and_pads_are_invisible_to_real_tokens():
+    kernel, _, _ = same_weights()
+    x = torch.randn(2, 6, EMB)
+    with torch.no_grad():
+        assert torch.equal(kernel(x, attention_mask=torch.ones(2, 6, dtype=torch.bool)), kernel(x))
+        mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+        padded = kernel(x, attention_mask=mask)
+        assert close(padded[1, 2:], kernel(x[1:, 2:])[0])  # the real tokens of row 1 as if alone
+        noise = x.clone()
+        noise[1, :2] = torch.randn(2, EMB) * 100  # anything at all in the pads
+        assert close(kernel(noise, attention_mask=mask)[1, 2:], padded[1, 2:])
+        assert torch.isfinite(padded).all()  # a pad's own row is never empty, so never NaN
+
+
+def test_the_mask_covers_the_cache():
+    kernel, _, _ = same_weights()
+    x = torch.randn(1, 5, EMB)
+    mask = torch.tensor([[0, 0, 1, 1, 1]])
+    cache = KVCache()
+    with torch.no_grad():
+        kernel(x[:, :3], kv_cache=cache, attention_mask=mask[:, :3])
+        stepped = kernel(x[:, 3:], kv_cache=cache, attention_mask=mask)
+        assert close(stepped, kernel(x, attention_mask=mask)[:, 3:])
+        with pytest.raises(ValueError, match=r"attention_mask must be shaped \(batch, tokens so far\) = \(1, 6\)"):
+            kernel(x[:, :1], kv_cache=cache, attention_mask=mask)  # 5 cached + 1 new need 6 entries

@@ -8,7 +8,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, NoRepeatNG
                                                     RepetitionPenaltyLogitsProcessor)
 
 from course_lib.config import GPTConfig
-from course_lib.decoding import (ban_repeated_ngrams, beam_search, distinct_n, generate_tokens, min_p_filter,
+from course_lib.decoding import (ban_repeated_ngrams, beam_search, distinct_n, generate_tokens, left_pad, min_p_filter,
                                  ngrams, penalize_frequency, penalize_repetition, reorder_caches,
                                  repeated_ngram_share, stream_text, stream_tokens)
 from course_lib.generation import generate
@@ -182,8 +182,8 @@ class ScriptedGPT(GPTModel):
         super().__init__(cfg)
         self.script, self.prompt_len = script, prompt_len
 
-    def forward(self, token_ids, kv_caches=None, last_only=False):
-        logits = super().forward(token_ids, kv_caches, last_only)
+    def forward(self, token_ids, kv_caches=None, last_only=False, attention_mask=None):
+        logits = super().forward(token_ids, kv_caches, last_only, attention_mask)
         seen = len(kv_caches[0]) if kv_caches is not None else token_ids.shape[1]
         scripted = torch.full_like(logits, -10.0)
         scripted[..., self.script[seen - self.prompt_len]] = 10.0
@@ -274,3 +274,72 @@ def bad_calls(model):
 def test_bad_input_is_named(shipped, match):
     with pytest.raises((TypeError, ValueError), match=match):
         bad_calls(shipped[0])[match]()
+
+
+# ------------------------------------------------------------------------------------------- padded batches
+
+PADDED = ["ROMEO:\nBut soft", "JULIET:\n", "KING HENRY VI:\nWhat", "O"]
+
+
+def test_left_pad_builds_ids_and_mask():
+    token_ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert token_ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    for bad in ([], [[]], [[1, 2], "ab"], [[1.0]]):
+        with pytest.raises(TypeError, match="prompts must be a non-empty list of non-empty lists"):
+            left_pad(bad, 0)
+    with pytest.raises(ValueError, match="pad_id must be >= 0"):
+        left_pad([[1]], -1)
+
+
+@pytest.mark.parametrize("pad_id", [0, 17])
+def test_every_padded_row_equals_its_prompt_alone(shipped, pad_id):
+    model, tokenizer = shipped
+    token_ids, mask = left_pad([tokenizer.encode(t) for t in PADDED], pad_id)
+    width = token_ids.shape[1]
+    out = generate_tokens(model, token_ids, 40, attention_mask=mask)
+    for row, text in enumerate(PADDED):
+        alone = generate_tokens(model, ids_of(tokenizer, text), 40)
+        assert torch.equal(out[row, width - len(text):], alone[0]), text
+    assert not torch.equal(generate_tokens(model, token_ids, 40), out)  # the mask is what makes them equal
+
+
+@pytest.mark.parametrize("name", ["greedy", "repetition", "min_p", "all"])
+def test_a_padded_batch_equals_hugging_face_with_the_same_mask(shipped, reference, name):
+    model, tokenizer = shipped
+    ours, theirs = SETTINGS[name]
+    newline = tokenizer.encode("\n")[0]
+    token_ids, mask = left_pad([tokenizer.encode(t) for t in PADDED], newline)
+    torch.manual_seed(3)
+    mine = generate_tokens(model, token_ids, 40, attention_mask=mask, **ours)
+    torch.manual_seed(3)
+    hf = reference.generate(token_ids, attention_mask=mask, max_new_tokens=40, pad_token_id=newline, **theirs)
+    assert torch.equal(mine, hf)
+
+
+def test_padded_logits_equal_the_prompt_alone_through_the_cache(shipped):
+    model, tokenizer = shipped
+    token_ids, mask = left_pad([tokenizer.encode(t) for t in PADDED[:2]], 0)
+    caches = model.new_kv_caches()
+    with torch.no_grad():
+        model(token_ids, kv_caches=caches, attention_mask=mask)
+        step = model(torch.tensor([[1], [1]]), kv_caches=caches, attention_mask=torch.nn.functional.pad(mask, (0, 1), value=1))
+        alone = model(ids_of(tokenizer, PADDED[1] + " "))  # " " is id 1
+    assert torch.allclose(step[1, -1], alone[0, -1], atol=1e-5)
+
+
+def test_padding_errors_are_named(shipped):
+    model, _ = shipped
+    ids = torch.tensor([[5, 6, 7]])
+    cases = {
+        "attention_mask must pad on the left": dict(attention_mask=torch.tensor([[1, 1, 0]])),
+        r"attention_mask must be shaped \(batch, tokens so far\) = \(1, 3\)": dict(attention_mask=torch.ones(1, 4, dtype=torch.long)),
+        "attention_mask must be a bool or integer tensor": dict(attention_mask=torch.ones(1, 3)),
+        "attention_mask must hold only 1": dict(attention_mask=torch.tensor([[0, 2, 1]])),
+        "attention_mask cannot be combined with a sliding window": dict(attention_mask=torch.ones(1, 3, dtype=torch.long),
+                                                                        context_length=64),
+    }
+    for match, kwargs in cases.items():
+        with pytest.raises((TypeError, ValueError), match=match):
+            generate_tokens(model, ids, 3, **kwargs)
+    with pytest.raises(ValueError, match="attention_mask must pad on the left"):
+        model(ids, attention_mask=torch.tensor([[0, 0, 0]]))  # no real token at all

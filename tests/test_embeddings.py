@@ -207,3 +207,25 @@ def test_errors_scale_to_gpt2_sizes():
         layer(torch.zeros(1, 1025, dtype=torch.long))
     with pytest.raises(ValueError, match="token id 50300 >= vocab_size 50257"):
         layer(torch.tensor([[50300]]))
+
+
+def test_positions_per_row_equal_start_pos_and_each_row_its_own(layer):
+    layer.eval()
+    ids = torch.randint(0, 50257, (2, 5))
+    same = torch.arange(3, 8).expand(2, 5)  # (2, 5): both rows at positions 3..7
+    assert torch.equal(layer(ids, positions=same), layer(ids, start_pos=3))
+    own = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])  # row 1: two pads at position 0, then 0, 1, 2
+    out = layer(ids, positions=own)
+    assert torch.equal(out[1, 2:], layer(ids[1:, 2:])[0]) and torch.equal(out[0], layer(ids[:1])[0])
+
+
+@pytest.mark.parametrize("positions, error, message", [
+    (torch.zeros(2, 5), TypeError, "positions must be an integer tensor"),
+    ([[0, 1, 2, 3, 4]] * 2, TypeError, "positions must be an integer tensor"),
+    (torch.zeros(2, 4, dtype=torch.long), ValueError, r"positions must have the shape and device of token_ids \(2, 5\)"),
+    (torch.full((2, 5), 32), ValueError, r"positions must be in \[0, 31\]"),
+    (torch.full((2, 5), -1), ValueError, r"positions must be in \[0, 31\]"),
+])
+def test_bad_positions_are_named(layer, positions, error, message):
+    with pytest.raises(error, match=message):
+        layer(torch.zeros(2, 5, dtype=torch.long), positions=positions)

@@ -177,3 +177,19 @@ def test_bad_token_ids_are_caught_by_the_embedding():
         model(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"crop the input to the last 16 tokens"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_a_left_padded_batch_gives_each_row_its_own_logits():
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=50, context_length=16, emb_dim=32, n_heads=4, n_layers=2,
+                               drop_rate=0.0)).eval()
+    rows = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    ids = torch.tensor([[0] * (5 - len(r)) + r for r in rows])  # (3, 5), padded on the left with id 0
+    mask = torch.tensor([[0] * (5 - len(r)) + [1] * len(r) for r in rows])
+    assert GPTModel.positions_after_padding(mask, ids, 0).tolist() == [[0, 1, 2, 3, 4], [0, 0, 0, 0, 1],
+                                                                       [0, 0, 0, 1, 2]]
+    with torch.no_grad():
+        padded = model(ids, attention_mask=mask)
+        for i, r in enumerate(rows):
+            assert torch.allclose(padded[i, 5 - len(r):], model(torch.tensor([r]))[0], atol=1e-5)
+        assert not torch.allclose(model(ids)[1, 3:], model(torch.tensor([rows[1]]))[0], atol=1e-3)  # no mask: wrong
