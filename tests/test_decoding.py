@@ -343,3 +343,68 @@ def test_padding_errors_are_named(shipped):
             generate_tokens(model, ids, 3, **kwargs)
     with pytest.raises(ValueError, match="attention_mask must pad on the left"):
         model(ids, attention_mask=torch.tensor([[0, 0, 0]]))  # no real token at all
+
+
+# ------------------------------------------------------------------------------------------- speculative decoding
+
+@pytest.fixture(scope="module")
+def draft():
+    from course_lib.decoding import SHAKESPEARE_DRAFT_DIR
+    from course_lib.pretrained import load_gpt2
+    return load_gpt2(SHAKESPEARE_DRAFT_DIR, "cpu")
+
+
+@pytest.mark.parametrize("num_draft", [1, 3, 8])
+def test_greedy_speculative_decoding_writes_the_targets_own_text(shipped, draft, num_draft):
+    from course_lib.decoding import speculative_generate
+
+    model, tokenizer = shipped
+    for prompt in PROMPTS + ["A"]:
+        ids = ids_of(tokenizer, prompt)
+        result = speculative_generate(model, draft, ids, 90, num_draft=num_draft)  # past the draft's 64 context
+        assert torch.equal(result.tokens, generate(model, ids, 90)), prompt
+        assert 0 < result.accepted <= result.drafted and result.target_calls < 90
+
+
+def test_speculative_sampling_draws_from_the_target(draft):
+    """Pearson's chi-square on 16 two-token continuations of a 4-token vocabulary: speculative samples against the
+    target's exact probabilities pass, and the draft's own samples, the control, fail."""
+    from course_lib.decoding import speculative_generate
+
+    torch.manual_seed(0)
+    target = GPTModel(GPTConfig(vocab_size=4, context_length=8, emb_dim=16, n_heads=2, n_layers=2, drop_rate=0.0)).eval()
+    small = GPTModel(GPTConfig(vocab_size=4, context_length=8, emb_dim=8, n_heads=1, n_layers=1, drop_rate=0.0)).eval()
+    with torch.no_grad():
+        target.out_head.weight.mul_(4), small.out_head.weight.mul_(4)
+    pairs = torch.tensor([[2, a, b] for a in range(4) for b in range(4)])
+    with torch.no_grad():
+        logp = torch.log_softmax(target(pairs), dim=-1)
+    exact = (logp[:, 0].gather(-1, pairs[:, 1:2]) + logp[:, 1].gather(-1, pairs[:, 2:3])).exp()[:, 0]
+    generator, n = torch.Generator().manual_seed(11), 2000
+    counts = torch.zeros(16)
+    for _ in range(n):
+        a, b = speculative_generate(target, small, torch.tensor([[2]]), 2, num_draft=2, temperature=1.0,
+                                    generator=generator).tokens[0, 1:].tolist()
+        counts[4 * a + b] += 1
+    alone = generate(small, torch.tensor([[2]]).expand(n, 1), 2, temperature=1.0, generator=generator)[:, 1:]
+    control = torch.bincount(4 * alone[:, 0] + alone[:, 1], minlength=16).float()
+    chi2 = ((counts - n * exact) ** 2 / (n * exact)).sum().item()
+    chi2_control = ((control - n * exact) ** 2 / (n * exact)).sum().item()
+    assert chi2 < 37.70 < chi2_control  # 15 degrees of freedom, p = 0.001
+
+
+def test_speculative_errors_are_named(shipped, draft):
+    from course_lib.decoding import speculative_generate
+
+    model, tokenizer = shipped
+    ids = ids_of(tokenizer, "ROMEO:")
+    other = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=1, n_layers=1, drop_rate=0.0))
+    cases = {"the draft model has a vocabulary of 50 tokens and the target of 65": lambda: speculative_generate(
+                 model, other, ids, 5),
+             "draft must be a GPTModel": lambda: speculative_generate(model, "draft", ids, 5),
+             "num_draft must be >= 1": lambda: speculative_generate(model, draft, ids, 5, num_draft=0),
+             "speculative_generate takes one prompt": lambda: speculative_generate(model, draft, ids.repeat(2, 1), 5),
+             "max_new_tokens": lambda: speculative_generate(model, draft, ids, 200)}
+    for match, call in cases.items():
+        with pytest.raises((TypeError, ValueError), match=match):
+            call()

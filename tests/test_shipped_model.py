@@ -50,17 +50,18 @@ def test_every_shipped_file_matches_the_hash_on_the_card(card):
 
 
 def test_the_readme_is_the_card_rendered(script, card):
-    assert (SHAKESPEARE_GPT_DIR / "README.md").read_text(encoding="utf-8") == script.render_card(card)
+    assert (SHAKESPEARE_GPT_DIR / "README.md").read_text(encoding="utf-8") == script.render_card(card, script.RECIPES["model"])
 
 
 def test_the_card_describes_the_script_and_meets_the_goals(script, card):
-    assert GPTConfig(**card["model_config"]) == script.MODEL_CONFIG
-    assert TrainConfig(**card["train_config"]) == script.TRAIN_CONFIG
-    assert card["parameters"] == sum(p.numel() for p in GPTModel(script.MODEL_CONFIG).parameters())
+    recipe = script.RECIPES["model"]
+    assert GPTConfig(**card["model_config"]) == recipe.model_config and card["seed"] == recipe.seed
+    assert TrainConfig(**card["train_config"]) == recipe.train_config
+    assert card["parameters"] == sum(p.numel() for p in GPTModel(recipe.model_config).parameters())
     assert card["parameters"] <= 5_000_000
     assert sum(f.stat().st_size for f in SHAKESPEARE_GPT_DIR.iterdir()) <= 20_000_000
     assert card["loss"]["val"] <= 1.60, "issue 15's goal: validation loss at most 1.60 nats"
-    assert card["history"]["eval_step"][-1] == script.TRAIN_CONFIG.total_steps
+    assert card["history"]["eval_step"][-1] == recipe.train_config.total_steps
 
 
 def test_the_vocabulary_is_the_corpus_characters(shipped):
@@ -100,11 +101,11 @@ def test_the_seeded_sample_on_the_card_is_reproduced(script, card, shipped):
 
 def small_run(script, monkeypatch):
     """The script at a tiny size on the first 20,000 characters: a run of 6 steps in two pieces."""
-    monkeypatch.setattr(script, "MODEL_CONFIG", replace(script.MODEL_CONFIG, context_length=16, emb_dim=16,
-                                                        n_heads=2, n_layers=1))
-    monkeypatch.setattr(script, "TRAIN_CONFIG", TrainConfig(total_steps=6, batch_size=4, warmup_steps=1,
-                                                            eval_every=3, eval_batches=1))
-    monkeypatch.setattr(script, "CHECKPOINT_EVERY", 3)
+    recipe = script.RECIPES["model"]
+    tiny = replace(recipe, model_config=replace(recipe.model_config, context_length=16, emb_dim=16, n_heads=2, n_layers=1),
+                   train_config=TrainConfig(total_steps=6, batch_size=4, warmup_steps=1, eval_every=3, eval_batches=1),
+                   checkpoint_every=3)
+    monkeypatch.setitem(script.RECIPES, "model", tiny)
     full_corpus = script.corpus
 
     def short_corpus():
@@ -139,3 +140,29 @@ def test_an_interrupted_build_resumes_on_the_same_trajectory(tmp_path, monkeypat
     assert cards[0]["sha256"] == cards[1]["sha256"], "bit-identical weights"
     assert cards[0]["loss"] == cards[1]["loss"] and cards[0]["sample"] == cards[1]["sample"]
     assert cards[0]["history"]["eval_step"] == [3, 6]
+
+
+# ------------------------------------------------------------------ the draft: notebook 09's small model, shipped
+DRAFT_DIR = ROOT / "course_lib" / "data" / "shakespeare_draft"
+
+
+def test_the_draft_folder_matches_its_card_and_recipe(script):
+    card = json.loads((DRAFT_DIR / "card.json").read_text(encoding="utf-8"))
+    recipe = script.RECIPES["draft"]
+    for name, digest in card["sha256"].items():
+        assert hashlib.sha256((DRAFT_DIR / name).read_bytes()).hexdigest() == digest, name
+    assert (DRAFT_DIR / "README.md").read_text(encoding="utf-8") == script.render_card(card, recipe)
+    assert GPTConfig(**card["model_config"]) == recipe.model_config and card["seed"] == recipe.seed
+    assert TrainConfig(**card["train_config"]) == recipe.train_config
+    assert card["command"] == "python course_lib/data/make_shakespeare_gpt.py --recipe draft --threads 1"
+    assert card["loss"]["val"] < 1.9, "notebook 09's goal for this model"
+    model = load_gpt2(DRAFT_DIR, "cpu")
+    tokenizer = CharTokenizer(json.loads((DRAFT_DIR / "chars.json").read_text(encoding="utf-8"))["chars"])
+    _, _, val_data = script.corpus()
+    windows = val_data[: 4 * 64].view(4, 64)
+    with torch.no_grad():
+        ours, theirs = model(windows), GPT2LMHeadModel.from_pretrained(DRAFT_DIR).eval()(windows).logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+    loss = script.split_loss(model, val_data, model.cfg.context_length, script.SUBSET_WINDOWS)
+    assert abs(loss - card["loss"]["val_subset"]) < 1e-4
+    assert sample_text(model, tokenizer, **script.SAMPLE) == card["sample"]
