@@ -7,7 +7,7 @@ __all__ = ['SHAKESPEARE_DRAFT_DIR', 'ngrams', 'distinct_n', 'repeated_ngram_shar
            'beam_search', 'left_pad', 'crop_caches', 'next_token_probs', 'SpeculativeResult', 'draw',
            'speculative_generate']
 
-# %% ../notebooks/11_decoding.ipynb #b9514851
+# %% ../notebooks/11_decoding.ipynb #a175eace
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from .guards import check_int, check_number, check_type
 from .model import GPTModel
 from .tokenization import DATA_DIR
 
-# %% ../notebooks/11_decoding.ipynb #e63db78c
+# %% ../notebooks/11_decoding.ipynb #f9bf54d7
 def ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
     """Every run of n consecutive ids, in order: [1, 2, 3, 2] with n=2 -> [(1, 2), (2, 3), (3, 2)]."""
     check_int("n", n, minimum=1)
@@ -43,7 +43,7 @@ def repeated_ngram_share(ids: list[int], n: int) -> float:
         seen.add(gram)
     return repeats / len(grams) if grams else 0.0
 
-# %% ../notebooks/11_decoding.ipynb #2408e027
+# %% ../notebooks/11_decoding.ipynb #d3fc1c33
 def check_history(token_ids: Tensor, logits: Tensor) -> None:
     """token_ids (batch, tokens) must be the integer ids the rows of logits (batch, vocab_size) continue."""
     check_logits(logits, dims=2)
@@ -65,7 +65,7 @@ def penalize_repetition(logits: Tensor, token_ids: Tensor, penalty: float) -> Te
     penalized = torch.where(seen > 0, seen / penalty, seen * penalty)
     return logits.scatter(-1, token_ids, penalized)
 
-# %% ../notebooks/11_decoding.ipynb #6cbbdae1
+# %% ../notebooks/11_decoding.ipynb #80fa2079
 def ban_repeated_ngrams(logits: Tensor, token_ids: Tensor, n: int) -> Tensor:
     """Set to -inf every token that would complete an n-gram already present in its row of token_ids."""
     check_history(token_ids, logits)
@@ -78,7 +78,7 @@ def ban_repeated_ngrams(logits: Tensor, token_ids: Tensor, n: int) -> Tensor:
                 banned[row, gram[-1]] = True  # this token would repeat `gram`
     return logits.masked_fill(banned, float("-inf"))
 
-# %% ../notebooks/11_decoding.ipynb #ad32331e
+# %% ../notebooks/11_decoding.ipynb #0762eb82
 def penalize_frequency(logits: Tensor, token_ids: Tensor, frequency: float = 0.0,
                                presence: float = 0.0) -> Tensor:
     """Subtract frequency * count + presence * (count > 0) from each token's logit, count = how often the token
@@ -89,7 +89,7 @@ def penalize_frequency(logits: Tensor, token_ids: Tensor, frequency: float = 0.0
     counts = torch.zeros_like(logits).scatter_add(-1, token_ids, torch.ones_like(token_ids, dtype=logits.dtype))
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
-# %% ../notebooks/11_decoding.ipynb #8992596b
+# %% ../notebooks/11_decoding.ipynb #49a398b4
 def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     """Min-p sampling (Nguyen et al., 2024): drop every token whose probability is below min_p times the
     probability of the most likely token, so the cut-off rises when the model is sure and falls when it is not."""
@@ -100,7 +100,7 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     too_unlikely = probs < min_p * probs.amax(dim=-1, keepdim=True)  # the favourite itself is never dropped
     return logits.masked_fill(too_unlikely, float("-inf"))
 
-# %% ../notebooks/11_decoding.ipynb #f088b04c
+# %% ../notebooks/11_decoding.ipynb #a8136899
 def check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty):
     if min_p is not None:
         check_number("min_p", min_p, 0, 1, why="0.05-0.1 is common; None turns the filter off")
@@ -136,7 +136,7 @@ def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: f
         logits = top_p_filter(logits, top_p)
     return sample_next_token(min_p_filter(logits, min_p), 1.0, generator=generator)  # 1.0: already scaled
 
-# %% ../notebooks/11_decoding.ipynb #41c13d65
+# %% ../notebooks/11_decoding.ipynb #a9674537
 @torch.no_grad()
 def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None = None, *,
                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -187,7 +187,7 @@ def generate_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, **s
     """All of stream_tokens at once: (batch, tokens) -> (batch, tokens + new)."""
     return torch.cat([token_ids, *stream_tokens(model, token_ids, max_new_tokens, **settings)], dim=1)
 
-# %% ../notebooks/11_decoding.ipynb #f9f6e1e6
+# %% ../notebooks/11_decoding.ipynb #51b8c55b
 def stream_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, **settings) -> Iterator[str]:
     """Yield the text of each new token as it is generated. A BPE token can hold part of a character (an
     emoji is several bytes); such text is held back until the character is complete."""
@@ -204,7 +204,7 @@ def stream_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, **
     if shown < len(text := tokenizer.decode(new_ids)):
         yield text[shown:]
 
-# %% ../notebooks/11_decoding.ipynb #1c735037
+# %% ../notebooks/11_decoding.ipynb #21b1d9ac
 @dataclass
 class BeamSearchResult:
     """What beam_search found: the best finished hypothesis and the search behind it."""
@@ -279,7 +279,7 @@ def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_toke
     score, new = finished[0]
     return BeamSearchResult(torch.tensor([prompt + new], device=token_ids.device), score, finished, steps)
 
-# %% ../notebooks/11_decoding.ipynb #ad43289a
+# %% ../notebooks/11_decoding.ipynb #618dd43d
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Stack prompts of different lengths into one batch, padded on the left with pad_id: returns token_ids
     and attention_mask, both (batch, longest prompt), the mask 1 at real tokens and 0 at pads."""
@@ -293,7 +293,7 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str |
     attention_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device)
     return token_ids, attention_mask
 
-# %% ../notebooks/11_decoding.ipynb #17ea9fd3
+# %% ../notebooks/11_decoding.ipynb #d927599b
 def crop_caches(caches: list, length: int) -> None:
     """Forget every cached position from `length` on (the keys and values of rejected draft tokens)."""
     for cache in caches:
@@ -393,5 +393,5 @@ def speculative_generate(target: GPTModel, draft: GPTModel, token_ids: Tensor, m
             tokens += proposal[:n] + [extra]
     return SpeculativeResult(torch.tensor([tokens], device=device), drafted, accepted, calls)
 
-# %% ../notebooks/11_decoding.ipynb #ba7c6b58
+# %% ../notebooks/11_decoding.ipynb #1159ac1b
 SHAKESPEARE_DRAFT_DIR = DATA_DIR / "shakespeare_draft"  # made by course_lib/data/make_shakespeare_gpt.py --recipe draft

@@ -143,7 +143,7 @@ def finish(recipe, model, tokenizer, train_data, val_data, history, out_dir, arg
         "epochs": tcfg.total_steps * tcfg.batch_size * cfg.context_length / len(train_data),
         "train_seconds": round(history["seconds"], 1),
         "wall_seconds": round(history["wall"] + time.perf_counter() - started, 1),  # steps, evaluations, this card
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), "
                    f"torch {torch.__version__}, Python {platform.python_version()}",
         "loss": {"train": split_loss(model, train_data, cfg.context_length),
                  "val": split_loss(model, val_data, cfg.context_length),
