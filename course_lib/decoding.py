@@ -102,6 +102,7 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
 
 # %% ../notebooks/11_decoding.ipynb #a8136899
 def check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty):
+    """Raise a clear error for a min-p, penalty or n-gram size that stream_tokens cannot use."""
     if min_p is not None:
         check_number("min_p", min_p, 0, 1, why="0.05-0.1 is common; None turns the filter off")
     check_number("repetition_penalty", repetition_penalty, 0, math.inf, low_open=True, high_open=True,
@@ -147,7 +148,8 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
     min-p and the penalties. Pass the same seed as generate() and the same tokens come out.
 
     attention_mask (batch, tokens), from left_pad: 0 marks the padding of shorter prompts; it grows by a column
-    of 1s per step. The penalties see the pads, as in transformers."""
+    of 1s per step. The penalties see the pads, as in transformers. Like any Python generator, it checks its
+    arguments when the first token is asked for."""
     if attention_mask is not None and context_length is not None:
         raise ValueError("attention_mask cannot be combined with a sliding window: leave context_length=None and "
                          "keep the longest prompt plus max_new_tokens within the model's context")

@@ -119,7 +119,7 @@ def test_generate_tokens_equals_hugging_face_generate(shipped, reference, name):
     model, tokenizer = shipped
     ours, theirs = SETTINGS[name]
     newline = tokenizer.encode("\n")[0]
-    for seed, prompt in enumerate(PROMPTS):
+    for seed, prompt in enumerate(PROMPTS[:2]):  # notebook 11 runs the same settings on three prompts
         ids = ids_of(tokenizer, prompt)
         torch.manual_seed(seed)  # sampling: both draw from torch's global generator, one draw per step
         mine = generate_tokens(model, ids, 60, **ours)
@@ -213,7 +213,7 @@ def test_beam_search_equals_hugging_face(shipped, reference, beams, alpha, early
     model, tokenizer = shipped
     newline = tokenizer.encode("\n")[0]
     eos = newline if with_eos else None
-    for prompt in PROMPTS[:2] + ["JULIET:\nO "]:
+    for prompt in (PROMPTS[0], "JULIET:\nO "):  # notebook 11 runs the same settings on four prompts
         ids = ids_of(tokenizer, prompt)
         mine = beam_search(model, ids, beams, new, length_penalty=alpha, early_stopping=early, eos_id=eos)
         hf = hf_generate(reference, ids, newline, max_new_tokens=new, num_beams=beams, length_penalty=alpha,
