@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['SHAKESPEARE_DRAFT_DIR', 'ngrams', 'distinct_n', 'repeated_ngram_share', 'check_history', 'penalize_repetition',
            'ban_repeated_ngrams', 'penalize_frequency', 'min_p_filter', 'check_decoding_args', 'penalize',
-           'choose_token', 'stream_tokens', 'generate_tokens', 'stream_text', 'BeamSearchResult', 'reorder_caches',
-           'beam_search', 'left_pad', 'crop_caches', 'next_token_probs', 'SpeculativeResult', 'draw',
+           'warp_logits', 'choose_token', 'stream_tokens', 'generate_tokens', 'stream_text', 'BeamSearchResult',
+           'reorder_caches', 'beam_search', 'left_pad', 'crop_caches', 'next_token_probs', 'SpeculativeResult', 'draw',
            'speculative_generate']
 
 # %% ../notebooks/11_decoding.ipynb #a175eace
@@ -125,17 +125,25 @@ def penalize(logits: Tensor, token_ids: Tensor, prompt_len: int, repetition_pena
     return logits
 
 
-def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                 min_p: float | None, generator: torch.Generator | None) -> Tensor:
-    """sample_next_token with min-p after top-p, where Hugging Face applies it: (batch, vocab_size) -> (batch, 1)."""
-    if temperature == 0 or min_p is None:
-        return sample_next_token(logits, temperature, top_k, top_p, generator)
+def warp_logits(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
+                min_p: float | None = None) -> Tensor:
+    """Temperature (> 0), then top-k, top-p and min-p, in Hugging Face's order: the logits a token is drawn from."""
     logits = scale_logits(logits, temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    return sample_next_token(min_p_filter(logits, min_p), 1.0, generator=generator)  # 1.0: already scaled
+    if min_p is not None:
+        logits = min_p_filter(logits, min_p)
+    return logits
+
+
+def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                 min_p: float | None, generator: torch.Generator | None) -> Tensor:
+    """sample_next_token, with min-p after top-p: (batch, vocab_size) -> (batch, 1); temperature 0 is greedy."""
+    if temperature == 0:
+        return sample_next_token(logits)  # the argmax
+    return sample_next_token(warp_logits(logits, temperature, top_k, top_p, min_p), 1.0, generator=generator)
 
 # %% ../notebooks/11_decoding.ipynb #a9674537
 @torch.no_grad()
@@ -309,12 +317,7 @@ def next_token_probs(logits: Tensor, temperature: float, top_k: int | None, top_
     logits = logits.float()
     if temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    logits = scale_logits(logits, temperature)
-    if top_k is not None:
-        logits = top_k_filter(logits, top_k)
-    if top_p is not None:
-        logits = top_p_filter(logits, top_p)
-    return torch.softmax(logits, dim=-1)
+    return torch.softmax(warp_logits(logits, temperature, top_k, top_p), dim=-1)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from course_lib.checks import block as block_checks
 from course_lib.checks import generation as generation_checks
 from course_lib.checks import model as model_checks
 from course_lib.checks.training import reference_next_token_loss
+from course_lib.decoding import penalize_repetition
 from course_lib.embeddings import GPTEmbedding
 from course_lib.feedforward import GELU, FeedForward
 from course_lib.generation import scale_logits, top_k_filter, top_p_filter
@@ -724,8 +725,6 @@ REPETITION_BUGS = {"divide_all": "divided by the penalty: a negative logit", "mu
 
 
 def test_repetition_penalty_passes(capsys):
-    from course_lib.decoding import penalize_repetition
-
     passes(checks.check_repetition_penalty, penalize_repetition, capsys, "penalize_repetition")
     passes(checks.check_repetition_penalty, my_repetition_penalty, capsys, "penalize_repetition")
 
