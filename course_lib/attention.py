@@ -180,6 +180,18 @@ class KVCache:
         self.values = torch.cat([self.values, values], dim=2)
         return self.keys, self.values
 
+    def select(self, rows: Tensor) -> None:
+        """Keep the sequences `rows` (batch indices, in that order, repeats allowed): beam search copies and
+        drops sequences (notebook 11)."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[rows], self.values[rows]
+
+    def crop(self, length: int) -> None:
+        """Forget every position from `length` on: speculative decoding drops rejected tokens (notebook 11)."""
+        check_int("length", length, minimum=0)
+        if len(self) > length:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+
 # %% ../notebooks/05_attention.ipynb #eaf586e5
 class MultiHeadAttention(MultiHeadAttentionEinsum):
     """Causal multi-head self-attention as GPT-2 runs it: MultiHeadAttentionEinsum's parameters and

@@ -4,8 +4,7 @@
 __all__ = ['SHAKESPEARE_DRAFT_DIR', 'ngrams', 'distinct_n', 'repeated_ngram_share', 'check_history', 'penalize_repetition',
            'ban_repeated_ngrams', 'penalize_frequency', 'min_p_filter', 'check_decoding_args', 'penalize',
            'warp_logits', 'choose_token', 'stream_tokens', 'generate_tokens', 'stream_text', 'BeamSearchResult',
-           'reorder_caches', 'beam_search', 'left_pad', 'crop_caches', 'next_token_probs', 'SpeculativeResult', 'draw',
-           'speculative_generate']
+           'beam_search', 'left_pad', 'next_token_probs', 'SpeculativeResult', 'draw', 'speculative_generate']
 
 # %% ../notebooks/11_decoding.ipynb #a175eace
 import math
@@ -224,12 +223,6 @@ class BeamSearchResult:
     steps: list[dict]  # per step, the running beams: "parent" (index of the beam it extends), "token", "logprob"
 
 
-def reorder_caches(caches: list, beam_idx: Tensor) -> None:
-    """Make row i of every cache the keys and values of beam beam_idx[i] (beams get copied and dropped)."""
-    for cache in caches:
-        cache.keys, cache.values = cache.keys[beam_idx], cache.values[beam_idx]
-
-
 @torch.no_grad()
 def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_tokens: int,
                 length_penalty: float = 1.0, early_stopping: bool | str = False,
@@ -282,7 +275,8 @@ def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_toke
             length = max_new_tokens if early_stopping == "never" and length_penalty > 0 else step + 1
             if early_stopping is True or (scores[0] / length ** length_penalty).item() <= finished[-1][0]:
                 break  # no running beam can still beat the worst finished hypothesis
-        reorder_caches(caches, torch.tensor([parents[j] for j in keep]))
+        for cache in caches:  # the caches follow the beams: copied where a beam is copied, dropped with it
+            cache.select(torch.tensor([parents[j] for j in keep], device=token_ids.device))
         with eval_mode(model):
             last = torch.tensor([[beam[-1]] for beam in beams], device=token_ids.device)  # (beams, 1)
             logits = model(last, kv_caches=caches, last_only=True)[:, -1, :]  # (beams, vocab_size)
@@ -304,13 +298,6 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str |
     return token_ids, attention_mask
 
 # %% ../notebooks/11_decoding.ipynb #d927599b
-def crop_caches(caches: list, length: int) -> None:
-    """Forget every cached position from `length` on (the keys and values of rejected draft tokens)."""
-    for cache in caches:
-        if len(cache) > length:
-            cache.keys, cache.values = cache.keys[:, :, :length], cache.values[:, :, :length]
-
-
 def next_token_probs(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
     """The distribution that sample_next_token draws from, (rows, vocab_size) in float32: temperature, top-k and
     top-p applied; at temperature 0 all the mass on the argmax."""
@@ -393,8 +380,8 @@ def speculative_generate(target: GPTModel, draft: GPTModel, token_ids: Tensor, m
             else:  # all accepted: the target's distribution after the last draft gives one more token for free
                 extra = draw(p[n], generator)
             drafted, accepted = drafted + len(proposal), accepted + n
-            crop_caches(caches, len(tokens) + n)  # keep the last token and the accepted drafts
-            crop_caches(draft_caches, min(len(draft_caches[0]), len(tokens) + n))
+            for cache in caches + draft_caches:  # keep the last token and the accepted drafts
+                cache.crop(len(tokens) + n)
             tokens += proposal[:n] + [extra]
     return SpeculativeResult(torch.tensor([tokens], device=device), drafted, accepted, calls)
 

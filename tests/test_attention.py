@@ -448,3 +448,20 @@ def test_the_mask_covers_the_cache():
         assert close(stepped, kernel(x, attention_mask=mask)[:, 3:])
         with pytest.raises(ValueError, match=r"attention_mask must be shaped \(batch, tokens so far\) = \(1, 6\)"):
             kernel(x[:, :1], kv_cache=cache, attention_mask=mask)  # 5 cached + 1 new need 6 entries
+
+
+def test_kv_cache_select_and_crop():
+    cache = KVCache()
+    cache.select(torch.tensor([0]))  # an empty cache stays empty
+    cache.crop(3)
+    assert len(cache) == 0
+    keys, values = torch.randn(2, HEADS, 5, HEAD_DIM), torch.randn(2, HEADS, 5, HEAD_DIM)
+    cache.append(keys, values)
+    cache.select(torch.tensor([1, 1, 0]))  # copy row 1, keep row 0 after it
+    assert torch.equal(cache.keys, keys[[1, 1, 0]]) and torch.equal(cache.values, values[[1, 1, 0]])
+    cache.crop(7)  # longer than the cache: nothing to forget
+    assert len(cache) == 5
+    cache.crop(2)
+    assert len(cache) == 2 and torch.equal(cache.keys, keys[[1, 1, 0], :, :2])
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        cache.crop(-1)

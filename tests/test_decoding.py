@@ -7,9 +7,10 @@ from transformers import GPT2LMHeadModel
 from transformers.generation.logits_process import (MinPLogitsWarper, NoRepeatNGramLogitsProcessor,
                                                     RepetitionPenaltyLogitsProcessor)
 
+from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
 from course_lib.decoding import (ban_repeated_ngrams, beam_search, distinct_n, generate_tokens, left_pad, min_p_filter,
-                                 ngrams, penalize_frequency, penalize_repetition, reorder_caches,
+                                 ngrams, penalize_frequency, penalize_repetition,
                                  repeated_ngram_share, stream_text, stream_tokens)
 from course_lib.generation import generate
 from course_lib.model import GPTModel
@@ -236,14 +237,22 @@ def test_one_beam_is_greedy_and_the_score_is_the_mean_log_probability(shipped):
     assert abs(result.score - logp.gather(-1, new[:, None]).mean().item()) < 1e-5
 
 
-def test_reorder_caches_copies_and_drops_rows(shipped):
+def test_beam_search_reorders_every_cache_with_the_beams(shipped):
     model, tokenizer = shipped
-    caches = model.new_kv_caches()
-    with torch.no_grad():
-        model(torch.tensor([tokenizer.encode("abc"), tokenizer.encode("xyz")]), kv_caches=caches)
-    keys = caches[0].keys.clone()
-    reorder_caches(caches, torch.tensor([1, 1, 0]))
-    assert torch.equal(caches[0].keys, keys[[1, 1, 0]]) and all(len(c.keys) == 3 for c in caches)
+    calls = []
+    original = KVCache.select
+
+    def spy(cache, rows):
+        calls.append(rows.tolist())
+        return original(cache, rows)
+
+    KVCache.select = spy
+    try:
+        beam_search(model, ids_of(tokenizer, "ROMEO:"), 3, 5)
+    finally:
+        KVCache.select = original
+    assert len(calls) == 4 * len(model.trf_blocks)  # 4 steps that continue, every block's cache
+    assert all(len(rows) == 3 for rows in calls)
 
 
 # ------------------------------------------------------------------------------------------- errors
