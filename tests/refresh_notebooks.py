@@ -64,8 +64,15 @@ def slide_type(cell, previous: str | None) -> str:
     return "fragment" if previous == "markdown" else "-"
 
 
+# RISE's settings for live slides in JupyterLab, stored in each notebook's metadata where RISE reads them. Its
+# default theme ("simple") loads fonts from Google; "white" has its fonts inside RISE, so a lecture works offline.
+RISE_SETTINGS = {"theme": "white", "scroll": True}
+
+
 def mark_slides(notebook) -> None:
-    """Store every cell's slide type in its metadata, where nbconvert's slides exporter reads it."""
+    """Store every cell's slide type in its metadata, where nbconvert's slides exporter and RISE read it, and
+    RISE's settings in the notebook's."""
+    notebook.metadata["rise"] = dict(RISE_SETTINGS)
     previous = None
     for cell in notebook.cells:
         kind = slide_type(cell, previous)

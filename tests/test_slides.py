@@ -38,9 +38,10 @@ def test_the_first_cell_is_a_slide_whatever_it_is():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_has_current_slide_metadata_and_converts(path):
     notebook = nbformat.read(path, as_version=4)
-    stored = [c.metadata.get("slideshow", {}).get("slide_type") for c in notebook.cells]
+    stored = ([c.metadata.get("slideshow", {}).get("slide_type") for c in notebook.cells],
+              notebook.metadata.get("rise"))
     mark_slides(notebook)
-    expected = [c.metadata["slideshow"]["slide_type"] for c in notebook.cells]
+    expected = ([c.metadata["slideshow"]["slide_type"] for c in notebook.cells], notebook.metadata["rise"])
     assert stored == expected, (f"{path.name}: slide metadata is missing or stale; run "
                                 f"python tests/refresh_notebooks.py --slides-only {path.relative_to(ROOT)}")
     sections = [c for c in notebook.cells if c.cell_type == "markdown" and c.source.startswith("## ")]
