@@ -765,6 +765,60 @@ def test_beam_step_bugs(bug):
     fails(checks.check_beam_step, functools.partial(my_beam_step, bug=bug), BEAM_STEP_BUGS[bug])
 
 
+def my_induction_score(pattern, period, bug=None):
+    tokens = pattern.shape[-1]
+    offset = period if bug == "same_token" else period - 1
+    first_query = period - 1 if bug == "first_copy_too" else period
+    queries = torch.arange(first_query, tokens)
+    taken = pattern[:, :, queries, queries - offset]  # (batch, heads, queries)
+    if bug == "heads_together":
+        return taken.mean().expand(pattern.shape[1])
+    if bug == "no_batch_mean":
+        return taken[0].mean(dim=-1)
+    return taken.mean(dim=(0, 2))
+
+
+INDUCTION_BUGS = {"same_token": "earlier occurrence itself", "first_copy_too": "first copy are counted",
+                  "heads_together": "heads are averaged together", "no_batch_mean": "batch is not averaged"}
+
+
+def test_induction_score_passes(capsys):
+    passes(checks.check_induction_score, my_induction_score, capsys, "induction_score")
+
+
+@pytest.mark.parametrize("bug", INDUCTION_BUGS)
+def test_induction_score_bugs(bug):
+    fails(checks.check_induction_score, functools.partial(my_induction_score, bug=bug), INDUCTION_BUGS[bug])
+
+
+def my_logit_lens(model, cache, target_ids, bug=None):
+    names = ["embed"] + [f"blocks.{i}.{'resid_pre' if bug == 'resid_pre' else 'resid_post'}"
+                         for i in range(len(model.trf_blocks))]
+    if bug == "no_embed":
+        names = names[1:]
+    rows = []
+    with torch.no_grad():
+        for name in names:
+            stream = cache[name] if bug == "no_norm" else model.final_norm(cache[name])
+            probs = torch.softmax(model.out_head(stream), dim=-1)
+            rows.append(probs.max(-1).values if bug == "top_prob" else
+                        probs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1))
+    return torch.stack(rows)
+
+
+LENS_BUGS = {"no_norm": "final_norm is skipped", "resid_pre": "inputs of the blocks", "no_embed": "embeddings are left out",
+             "top_prob": "most likely token"}
+
+
+def test_logit_lens_passes(capsys):
+    passes(checks.check_logit_lens, my_logit_lens, capsys, "logit_lens")
+
+
+@pytest.mark.parametrize("bug", LENS_BUGS)
+def test_logit_lens_bugs(bug):
+    fails(checks.check_logit_lens, functools.partial(my_logit_lens, bug=bug), LENS_BUGS[bug])
+
+
 # Each table above with the number of bugs it plants today: a table that loses entries fails the count below.
 PLANTED = {"MERGE_BUGS": (MERGE_BUGS, 6), "SINUSOIDAL_BUGS": (SINUSOIDAL_BUGS, 5),
            "EMBEDDING_BUGS": (EMBEDDING_BUGS, 6), "LAYERNORM_BUGS": (LAYERNORM_BUGS, 10), "GELU_BUGS": (GELU_BUGS, 6),
@@ -772,7 +826,8 @@ PLANTED = {"MERGE_BUGS": (MERGE_BUGS, 6), "SINUSOIDAL_BUGS": (SINUSOIDAL_BUGS, 5
            "MULTIHEAD_BUGS": (MULTIHEAD_BUGS, 11), "BLOCK_BUGS": (BLOCK_BUGS, 7), "MODEL_BUGS": (MODEL_BUGS, 6),
            "TEMPERATURE_BUGS": (TEMPERATURE_BUGS, 5), "TOP_K_BUGS": (TOP_K_BUGS, 7), "TOP_P_BUGS": (TOP_P_BUGS, 4),
            "LOSS_BUGS": (LOSS_BUGS, 7), "ARGUMENT_BUGS": (ARGUMENT_BUGS, 4),
-           "REPETITION_BUGS": (REPETITION_BUGS, 6), "BEAM_STEP_BUGS": (BEAM_STEP_BUGS, 4)}
+           "REPETITION_BUGS": (REPETITION_BUGS, 6), "BEAM_STEP_BUGS": (BEAM_STEP_BUGS, 4),
+           "INDUCTION_BUGS": (INDUCTION_BUGS, 4), "LENS_BUGS": (LENS_BUGS, 4)}
 
 
 def test_planted_bug_count():
@@ -796,7 +851,7 @@ def test_the_package_exports_the_check_of_every_lesson_file():
         module = importlib.import_module(f"{checks.__name__}.{info.name}")
         found.update({name: value for name, value in vars(module).items() if name.startswith("check_")
                       and hasattr(value, "__wrapped__") and value.__module__ == module.__name__})
-    assert len(found) == 17, sorted(found)
+    assert len(found) == 19, sorted(found)
     assert sorted(checks.__all__) == sorted([*found, "CheckFailed"])
     assert all(getattr(checks, name) is check for name, check in found.items())
     assert checks.CheckFailed is importlib.import_module("course_lib.checks.core").CheckFailed

@@ -12,6 +12,7 @@ from .decoding import check_beam_step, check_repetition_penalty
 from .embeddings import check_gpt_embedding, check_sinusoidal_table
 from .feedforward import check_feedforward, check_gelu
 from .generation import check_temperature, check_top_k, check_top_p
+from .interpretability import check_induction_score, check_logit_lens
 from .model import check_gpt_model
 from .normalization import check_layernorm
 from .tokenization import check_count_pairs, check_merge_pair
@@ -29,4 +30,5 @@ __all__ = [
     "check_temperature", "check_top_k", "check_top_p",  # 08 generation
     "check_next_token_loss",  # 09 training
     "check_repetition_penalty", "check_beam_step",  # 11 decoding
+    "check_induction_score", "check_logit_lens",  # 12 interpretability
 ]
