@@ -66,10 +66,10 @@ def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tens
 @contextmanager
 def hooked(model: GPTModel, names: Iterable[str], edit: Callable[[str, Tensor], Tensor]):
     "Inside the with block, each named activation passes through edit(name, activation); hooks removed after."
-    handles = []
+    points, handles = hook_points(model), []
     try:
         for name in check_hook_names(model, names):
-            module, where = hook_points(model)[name]
+            module, where = points[name]
             handles.append(register(module, where, name, edit))
         yield
     finally:
