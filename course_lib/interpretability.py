@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['GPT2_VOCAB_SIZE', 'hook_points', 'check_hook_names', 'register', 'hooked', 'run_with_cache', 'run_with_patches',
            'hf_tokenizer_for', 'to_transformer_lens', 'previous_token_score', 'first_token_score', 'induction_score',
-           'logit_lens', 'head_logit_attribution']
+           'logit_lens', 'head_logit_attribution', 'NoFeedForward', 'attention_only', 'SecondOrderChain',
+           'repeated_passages']
 
 # %% ../notebooks/12_interpretability.ipynb #dcbff436
 import tempfile
@@ -13,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .guards import check_int, check_type
+from .guards import check_int, check_number, check_type
 from .model import GPTModel
 from .pretrained import save_gpt2
 from .tokenization import CharTokenizer
@@ -201,3 +202,54 @@ def head_logit_attribution(model: GPTModel, cache: dict[str, Tensor], target_ids
         written = written - written.mean(-1, keepdim=True)  # the LayerNorm subtracts the mean
         per_layer.append(torch.einsum("bthe,bte->hbt", written, directions) / scale[..., 0])
     return torch.stack(per_layer).detach()
+
+# %% ../notebooks/12_interpretability.ipynb #ca2fd4d0
+class NoFeedForward(nn.Module):
+    "Takes the place of a block's feed-forward and adds nothing to the residual stream."
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.zeros_like(x)
+
+
+def attention_only(model: GPTModel) -> GPTModel:
+    "The model with every block's feed-forward replaced by NoFeedForward (in place): only heads write."
+    check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
+    for block in model.trf_blocks:
+        block.ff = NoFeedForward()
+    return model
+
+
+class SecondOrderChain:
+    """Token sequences where the next token depends on the last two: it is drawn from
+    softmax(after_one[x_t] + after_two[x_(t-1)]), two (vocab, vocab) tables of random logits times strength."""
+
+    def __init__(self, vocab_size: int, strength: float = 3.0, seed: int = 0):
+        check_int("vocab_size", vocab_size, minimum=2)
+        check_number("strength", strength, low=0, why="0 gives uniform random tokens, larger a more predictable chain")
+        generator = torch.Generator().manual_seed(seed)
+        self.vocab_size = vocab_size
+        self.after_one = strength * torch.randn(vocab_size, vocab_size, generator=generator)
+        self.after_two = strength * torch.randn(vocab_size, vocab_size, generator=generator)
+
+    def sample(self, n: int, length: int, generator: torch.Generator) -> Tensor:
+        "(n, length) token ids: the first two uniform, every later one drawn given the two before it."
+        check_int("n", n, minimum=1)
+        check_int("length", length, minimum=1)
+        ids = torch.randint(0, self.vocab_size, (n, length), generator=generator)
+        for t in range(2, length):
+            logits = self.after_one[ids[:, t - 1]] + self.after_two[ids[:, t - 2]]  # (n, vocab)
+            ids[:, t] = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+        return ids
+
+
+def repeated_passages(chain: SecondOrderChain, n: int, context_length: int, periods: range,
+                      generator: torch.Generator) -> Tensor:
+    "(n, context_length): n passages of one length drawn from periods, each repeated until the row is full."
+    check_type("periods", periods, range, "pass a range of passage lengths, e.g. range(6, 17)")
+    check_int("context_length", context_length, minimum=2)
+    if len(periods) == 0 or periods[0] < 1 or 2 * max(periods) > context_length:
+        raise ValueError(f"periods: {periods} must be non-empty lengths >= 1 that fit twice into context_length="
+                         f"{context_length}, so that every row holds a repeat; shorten them or lengthen the rows")
+    period = periods[int(torch.randint(len(periods), (1,), generator=generator))]
+    passages = chain.sample(n, period, generator)  # (n, period)
+    return passages.repeat(1, context_length // period + 1)[:, :context_length]

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from course_lib.config import GPTConfig
-from course_lib.interpretability import (first_token_score, head_logit_attribution, hook_points, induction_score,
-                                         logit_lens, previous_token_score, run_with_cache, run_with_patches,
+from course_lib.interpretability import (NoFeedForward, SecondOrderChain, attention_only, first_token_score,
+                                         head_logit_attribution, hook_points, induction_score, logit_lens,
+                                         previous_token_score, repeated_passages, run_with_cache, run_with_patches,
                                          to_transformer_lens)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt
@@ -167,3 +168,58 @@ def test_the_bridge_takes_gpt2_vocabulary_models_without_a_tokenizer_and_refuses
         to_transformer_lens(char_model, "abc")
     with pytest.raises(TypeError, match="model"):
         to_transformer_lens(bridge, tokenizer)
+
+
+def test_attention_only_leaves_the_stream_to_the_heads():
+    torch.manual_seed(0)
+    model = attention_only(GPTModel(CFG)).eval()
+    assert all(isinstance(block.ff, NoFeedForward) for block in model.trf_blocks)
+    ids = torch.randint(0, CFG.vocab_size, (2, 9))
+    logits, cache = run_with_cache(model, ids)
+    for i in range(CFG.n_layers):
+        assert torch.equal(cache[f"blocks.{i}.mlp_out"], torch.zeros(2, 9, CFG.emb_dim))
+        assert torch.equal(cache[f"blocks.{i}.resid_post"], cache[f"blocks.{i}.resid_mid"])
+    assert torch.equal(model.out_head(model.final_norm(cache["blocks.1.resid_post"])), logits)
+    with pytest.raises(TypeError, match="model must be a GPTModel"):
+        attention_only(torch.nn.Linear(2, 2))
+
+
+def test_the_chain_draws_each_token_from_the_two_before_it():
+    chain = SecondOrderChain(vocab_size=11, strength=1000.0, seed=4)  # every draw is the argmax (gaps >= 29)
+    ids = chain.sample(8, 20, torch.Generator().manual_seed(0))
+    assert ids.shape == (8, 20) and ids.dtype == torch.long and 0 <= ids.min() and ids.max() < 11
+    expected = (chain.after_one[ids[:, 1:-1]] + chain.after_two[ids[:, :-2]]).argmax(-1)  # (8, 18)
+    assert torch.equal(ids[:, 2:], expected)
+    again = chain.sample(8, 20, torch.Generator().manual_seed(0))
+    assert torch.equal(ids, again), "the same generator state gives the same passages"
+    uniform = SecondOrderChain(vocab_size=11, strength=0.0).sample(2000, 3, torch.Generator().manual_seed(1))
+    counts = torch.bincount(uniform[:, 2], minlength=11).float()
+    assert counts.min() > 120 and counts.max() < 250, "strength 0: every token equally likely (mean 182)"
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"vocab_size": 1}, ValueError, "vocab_size must be >= 2"),
+    ({"vocab_size": 8, "strength": -1.0}, ValueError, "strength must be in"),
+    ({"vocab_size": 8.0}, TypeError, "vocab_size must be an int"),
+])
+def test_the_chain_refuses_bad_settings(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        SecondOrderChain(**kwargs)
+
+
+def test_repeated_passages_repeat_one_passage_per_row():
+    chain = SecondOrderChain(vocab_size=64, seed=0)
+    generator = torch.Generator().manual_seed(5)
+    periods_seen = set()
+    for _ in range(20):
+        rows = repeated_passages(chain, 4, 32, range(6, 17), generator)
+        assert rows.shape == (4, 32)
+        period = next(p for p in range(6, 17) if torch.equal(rows[:, p:], rows[:, :-p]))
+        periods_seen.add(period)
+    assert len(periods_seen) > 3, "the length is drawn anew for each batch"
+    for periods, match in [(range(6, 20), "fit twice into context_length=32"), (range(0), "non-empty"),
+                           (range(0, 4), "lengths >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            repeated_passages(chain, 4, 32, periods, generator)
+    with pytest.raises(TypeError, match="periods must be a range"):
+        repeated_passages(chain, 4, 32, [6, 7], generator)
