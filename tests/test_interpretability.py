@@ -4,10 +4,21 @@ import pytest
 import torch
 
 from course_lib.config import GPTConfig
-from course_lib.interpretability import (NoFeedForward, SecondOrderChain, attention_only, first_token_score,
-                                         head_logit_attribution, hook_points, induction_score, logit_lens,
-                                         previous_token_score, repeated_passages, run_with_cache, run_with_patches,
-                                         to_transformer_lens)
+from course_lib.interpretability import (
+    NoFeedForward,
+    SecondOrderChain,
+    attention_only,
+    first_token_score,
+    head_logit_attribution,
+    hook_points,
+    induction_score,
+    logit_lens,
+    previous_token_score,
+    repeated_passages,
+    run_with_cache,
+    run_with_patches,
+    to_transformer_lens,
+)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt
 
@@ -218,7 +229,7 @@ def test_repeated_passages_repeat_one_passage_per_row():
         periods_seen.add(period)
     assert len(periods_seen) > 3, "the length is drawn anew for each batch"
     for periods, match in [(range(6, 20), "fit twice into context_length=32"), (range(0), "non-empty"),
-                           (range(0, 4), "lengths >= 1")]:
+                           (range(4), "lengths >= 1")]:
         with pytest.raises(ValueError, match=match):
             repeated_passages(chain, 4, 32, periods, generator)
     with pytest.raises(TypeError, match="periods must be a range"):
