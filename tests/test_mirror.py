@@ -31,7 +31,7 @@ DEFAULT_EXP = re.compile(r"^#\|\s*default_exp\s+(\w+)\s*$", re.MULTILINE)
 EXPORT = re.compile(r"^#\|\s*export\s*$")
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 # Course infrastructure, not lessons: each says so in the first line of its docstring.
-NON_LESSON = {"guards", "checks"}
+NON_LESSON = {"guards", "checks", "pretrain"}
 NOT_A_LESSON = "Not a lesson"
 
 
@@ -270,7 +270,7 @@ def test_checker_rejects_a_module_no_notebook_exports(tmp_path):
     assert mirror_problems(tmp_path) == [
         "course_lib/checks/__init__.py: a non-lesson module must say so: start its docstring with 'Not a lesson'",
         "course_lib/orphan.py: no notebook has `#| default_exp orphan`, and it is not one of the non-lesson "
-        "modules ['checks', 'guards']"]
+        "modules ['checks', 'guards', 'pretrain']"]
 
 
 def test_checker_rejects_a_redefinition_outside_the_export_cell(tmp_path):
