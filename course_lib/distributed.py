@@ -148,34 +148,42 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
 class ShardLoader:
     """Micro-batches of windows for one rank. A window is context_length + 1 consecutive tokens of one shard;
     windows do not overlap. Each epoch orders all windows by a permutation of (seed, epoch), the same on every
-    rank, and rank r takes the windows r, r + world_size, r + 2 world_size, ... of that order."""
+    rank, and cuts it into optimizer steps of rows_per_step windows (all ranks together). Within a step, rank r's
+    micro-batch j is block j * world_size + r of micro_batch windows, so the ranks share every step's windows."""
 
     def __init__(self, paths: list, context_length: int, micro_batch: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0):
+                 seed: int = 0, rows_per_step: int | None = None):
         check_int("context_length", context_length, minimum=1)
         check_int("micro_batch", micro_batch, minimum=1)
         check_int("world_size", world_size, minimum=1)
         check_int("rank", rank, minimum=0)
         check_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
+        rows_per_step = world_size * micro_batch if rows_per_step is None else rows_per_step
+        check_int("rows_per_step", rows_per_step, minimum=1)
+        if rows_per_step % (world_size * micro_batch):
+            raise ValueError(f"rows_per_step {rows_per_step} is not a multiple of world_size x micro_batch = "
+                             f"{world_size * micro_batch}: every rank must do whole micro-batches")
         self.shards = [read_shard(p) for p in paths]
         self.context_length, self.micro_batch, self.rank, self.world_size = context_length, micro_batch, rank, world_size
-        self.seed, self.epoch, self.position = seed, 0, 0
+        self.rows_per_step, self.accumulate = rows_per_step, rows_per_step // (world_size * micro_batch)
+        self.seed, self.epoch, self.position = seed, 0, 0  # position: micro-batches read in this epoch
         counts = torch.tensor([(len(s) - 1) // context_length if len(s) else 0 for s in self.shards])
         self.first_window = torch.cumsum(counts, 0) - counts  # (shards,): id of each shard's first window
         self.n_windows = int(counts.sum())
-        self.per_rank = self.n_windows // world_size // micro_batch * micro_batch  # equal work on every rank
-        if self.per_rank == 0:
+        self.steps_per_epoch = self.n_windows // rows_per_step  # the rest of the permutation waits for the next epoch
+        if self.steps_per_epoch == 0:
             raise ValueError(f"the shards hold {self.n_windows} windows of {context_length + 1} tokens, fewer than "
-                             f"world_size x micro_batch = {world_size * micro_batch}: use more data, a smaller "
-                             "micro_batch or a shorter context")
+                             f"one step's {rows_per_step}: use more data, a smaller batch or a shorter context")
+        self.per_rank = self.steps_per_epoch * self.accumulate * micro_batch
         self._order_epoch, self._order = None, None
 
     def epoch_windows(self, epoch: int) -> Tensor:
         "(per_rank,) the ids of the windows this rank reads in epoch `epoch`, in order."
         if self._order_epoch != epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            order = torch.randperm(self.n_windows, generator=generator)
-            self._order_epoch, self._order = epoch, order[self.rank::self.world_size][:self.per_rank]
+            order = torch.randperm(self.n_windows, generator=generator)[:self.steps_per_epoch * self.rows_per_step]
+            blocks = order.view(self.steps_per_epoch, self.accumulate, self.world_size, self.micro_batch)
+            self._order_epoch, self._order = epoch, blocks[:, :, self.rank].flatten()  # (steps x accumulate x micro)
         return self._order
 
     def window_tokens(self, window: int) -> Tensor:
@@ -186,24 +194,25 @@ class ShardLoader:
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         "Inputs and targets (micro_batch, context_length); past the end of an epoch, the next one begins."
-        ids = self.epoch_windows(self.epoch)[self.position:self.position + self.micro_batch]
+        start = self.position * self.micro_batch
+        ids = self.epoch_windows(self.epoch)[start:start + self.micro_batch]
         windows = torch.stack([self.window_tokens(int(i)) for i in ids])  # (micro_batch, context_length + 1)
-        self.position += self.micro_batch
-        if self.position == self.per_rank:
+        self.position += 1
+        if self.position * self.micro_batch == self.per_rank:
             self.epoch, self.position = self.epoch + 1, 0
         return windows[:, :-1], windows[:, 1:]
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size,
-                "micro_batch": self.micro_batch, "n_windows": self.n_windows}
+                "micro_batch": self.micro_batch, "rows_per_step": self.rows_per_step, "n_windows": self.n_windows}
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        differ = [k for k in ("seed", "world_size", "micro_batch", "n_windows") if state[k] != mine[k]]
+        differ = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows") if state[k] != mine[k]]
         if differ:
             raise ValueError(f"the loader state was saved with {', '.join(f'{k}={state[k]}' for k in differ)}, this "
                              f"loader has {', '.join(f'{k}={mine[k]}' for k in differ)}: resume with the same "
-                             "data, seed, world size and micro_batch")
+                             "data, seed, world size, batch and micro_batch")
         self.epoch, self.position = state["epoch"], state["position"]
 
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25
@@ -324,9 +333,9 @@ def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
     if differ:
         raise ValueError(f"{path} belongs to another run: {'; '.join(differ)}. Resume with the same settings "
                          "and number of processes, or give a new out_dir to start afresh")
+    loader.load_state_dict(payload["loader"])  # checks the data and the batch layout first
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
-    loader.load_state_dict(payload["loader"])
     return payload["step"], payload["history"]
 
 # %% ../notebooks/13_scaling_up.ipynb #4e8ac568
@@ -357,10 +366,10 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
     torch.manual_seed(run.seed)  # the same initial weights on every rank (DDP also copies rank 0's)
     model = GPTModel(cfg).to(device)
     optimizer = make_optimizer(model, tcfg)
-    train = ShardLoader([data_dir / n for n in meta["shards"]["train"]], cfg.context_length, run.micro_batch,
-                        rank, world_size, run.seed)
-    val = ShardLoader([data_dir / n for n in meta["shards"]["val"]], cfg.context_length, run.micro_batch,
-                      rank, world_size, run.seed)
+    rows = run.batch_tokens // cfg.context_length  # windows per optimizer step, all ranks together
+    train, val = (ShardLoader([data_dir / name for name in meta["shards"][split]], cfg.context_length,
+                              run.micro_batch, rank, world_size, run.seed, rows_per_step=rows)
+                  for split in ("train", "val"))
     checkpoint = out_dir / "checkpoint.pt"
     step, history = 0, {"step": [], "loss": [], "lr": [], "tokens_per_s": [], "mfu": [], "eval_step": [],
                         "val_loss": []}
@@ -418,11 +427,12 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
 
 
 @torch.no_grad()
-def evaluate_shards(model: GPTModel, loader: ShardLoader, batches: int, world_size: int, autocast, device) -> float:
-    "Mean loss on the first `batches` micro-batches of the validation windows, averaged over all ranks."
+def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size: int, autocast, device) -> float:
+    "Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks."
     model.eval()
     saved = loader.state_dict()
-    loader.epoch, loader.position = 0, 0  # the same windows at every evaluation
+    loader.epoch, loader.position = 0, 0  # the same windows at every evaluation, whatever the world size
+    batches = min(steps, loader.steps_per_epoch) * loader.accumulate
     total = torch.zeros((), device=device)
     for _ in range(batches):
         inputs, targets = (t.to(device) for t in loader.next_batch())
@@ -444,7 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     prep.add_argument("--tokenizer", choices=("gpt2", "char"), default="gpt2")
     prep.add_argument("--val-tokens", type=int, default=30_000)
     prep.add_argument("--shard-tokens", type=int, default=100_000_000)
-    prep.add_argument("files", nargs="*", help="UTF-8 text files, one document each")
+    prep.add_argument("--text", action="append", default=[], metavar="FILE",
+                      help="a UTF-8 text file, one document; repeat for several")
     train = commands.add_parser("train", help="pretrain a preset on prepared shards")
     train.add_argument("data_dir")
     train.add_argument("out_dir")
@@ -460,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl on CUDA, else gloo")
     args = parser.parse_args(argv)
     if args.command == "prepare":
-        texts = [Path(f).read_text(encoding="utf-8") for f in args.files] or [load_shakespeare()]
+        texts = [Path(f).read_text(encoding="utf-8") for f in args.text] or [load_shakespeare()]
         tokenizer = gpt2_tokenizer() if args.tokenizer == "gpt2" else CharTokenizer(sorted(set("".join(texts))))
         meta = prepare(args.out_dir, texts, tokenizer, args.val_tokens, args.shard_tokens)
         print(f"{meta['tokens']['train']:,} training and {meta['tokens']['val']:,} validation tokens in {args.out_dir}")
