@@ -380,7 +380,10 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
     forward = torch.compile(ddp) if run.compile else ddp
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if run.dtype == "bfloat16" else nullcontext()
     flops = flops_per_token(cfg, sum(p.numel() for p in model.parameters()))
-    peak = matmul_peak(device, torch.bfloat16 if run.dtype == "bfloat16" else torch.float32) if progress else 0.0
+    peak = torch.tensor(matmul_peak(device, torch.bfloat16 if run.dtype == "bfloat16" else torch.float32,
+                                    size=4096 if device.type == "cuda" else 2048), device=device)
+    if world_size > 1:
+        dist.all_reduce(peak)  # every rank measured at the same time: the sum is the whole job's peak
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(range(step, tcfg.total_steps), desc=f"pretraining on {world_size} process(es)", disable=not progress,
@@ -410,7 +413,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
         history["loss"].append(step_loss.item())
         history["lr"].append(optimizer.param_groups[0]["lr"])
         history["tokens_per_s"].append(tokens_per_s)
-        history["mfu"].append(tokens_per_s * flops / (world_size * peak) if peak else 0.0)
+        history["mfu"].append(tokens_per_s * flops / peak.item())
         bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", tok_s=f"{tokens_per_s:.0f}",
                         mfu=f"{history['mfu'][-1]:.0%}", refresh=False)
         last = step + 1 == tcfg.total_steps
