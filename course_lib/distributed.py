@@ -208,11 +208,15 @@ class ShardLoader:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        differ = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows") if state[k] != mine[k]]
+        differ = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows")
+                  if state.get(k) != mine[k]]
         if differ:
-            raise ValueError(f"the loader state was saved with {', '.join(f'{k}={state[k]}' for k in differ)}, this "
+            raise ValueError(f"the loader state was saved with {', '.join(f'{k}={state.get(k)}' for k in differ)}, this "
                              f"loader has {', '.join(f'{k}={mine[k]}' for k in differ)}: resume with the same "
                              "data, seed, world size, batch and micro_batch")
+        if not 0 <= state["position"] < self.per_rank // self.micro_batch:
+            raise ValueError(f"the loader state's position {state['position']} is outside an epoch of "
+                             f"{self.per_rank // self.micro_batch} micro-batches: the state is damaged")
         self.epoch, self.position = state["epoch"], state["position"]
 
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25
@@ -367,9 +371,15 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
     model = GPTModel(cfg).to(device)
     optimizer = make_optimizer(model, tcfg)
     rows = run.batch_tokens // cfg.context_length  # windows per optimizer step, all ranks together
-    train, val = (ShardLoader([data_dir / name for name in meta["shards"][split]], cfg.context_length,
-                              run.micro_batch, rank, world_size, run.seed, rows_per_step=rows)
-                  for split in ("train", "val"))
+    loaders = {}
+    for split in ("train", "val"):
+        try:
+            loaders[split] = ShardLoader([data_dir / name for name in meta["shards"][split]], cfg.context_length,
+                                         run.micro_batch, rank, world_size, run.seed, rows_per_step=rows)
+        except ValueError as error:
+            raise ValueError(f"{split} shards of {data_dir}: {error} (for validation: prepare with a larger "
+                             "val_tokens)") from error
+    train, val = loaders["train"], loaders["val"]
     checkpoint = out_dir / "checkpoint.pt"
     step, history = 0, {"step": [], "loss": [], "lr": [], "tokens_per_s": [], "mfu": [], "eval_step": [],
                         "val_loss": []}
