@@ -45,8 +45,9 @@ def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
         raise ValueError(f"vocab_size {vocab_size} does not fit a uint16 shard (at most 65536 token ids)")
     if not isinstance(token_ids, Tensor) or token_ids.dim() != 1 or token_ids.dtype.is_floating_point:
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {getattr(token_ids, 'shape', type(token_ids))}")
-    if len(token_ids) and not 0 <= int(token_ids.min()) <= int(token_ids.max()) < vocab_size:
-        raise ValueError(f"token_ids must lie in [0, {vocab_size}), got [{int(token_ids.min())}, {int(token_ids.max())}]")
+    low, high = (int(token_ids.long().min()), int(token_ids.long().max())) if len(token_ids) else (0, 0)
+    if not 0 <= low <= high < vocab_size:
+        raise ValueError(f"token_ids must lie in [0, {vocab_size}), got [{low}, {high}]")
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     header = struct.pack(HEADER_LAYOUT, SHARD_MAGIC, SHARD_VERSION, 2, vocab_size, len(token_ids))
@@ -98,7 +99,7 @@ def read_header(path: str | Path) -> ShardHeader:
 
 
 def read_shard(path: str | Path) -> Tensor:
-    "The shard's tokens as a read-only memory-mapped uint16 tensor (n_tokens,): pages load when read."
+    "The shard's tokens as a memory-mapped uint16 tensor (n_tokens,): pages load when read; writes never reach the file."
     header = read_header(path)
     if sys.byteorder != "little":
         raise RuntimeError("shards are little-endian; this machine is big-endian")
@@ -113,6 +114,10 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
     the rest into train_000000.bin, train_000001.bin, ... of shard_tokens each, and a meta.json."""
     check_int("val_tokens", val_tokens, minimum=1)
     check_int("shard_tokens", shard_tokens, minimum=1)
+    if isinstance(documents, str):
+        raise TypeError("documents must be an iterable of texts, got one str (it would be read character by "
+                        "character): pass [text]")
+    state = tokenizer_state(tokenizer)  # refuses a tokenizer it cannot record, before any work
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpt2 = not isinstance(tokenizer, CharTokenizer)
@@ -139,7 +144,7 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
         write("train" if shards["val"] else "val")
     if not shards["train"]:
         raise ValueError(f"val_tokens={val_tokens} took every token: lower it, or give more text")
-    meta = {"tokenizer": tokenizer_state(tokenizer), "vocab_size": vocab_size, "shards": shards,
+    meta = {"tokenizer": state, "vocab_size": vocab_size, "shards": shards,
             "tokens": {split: sum(read_header(out_dir / n).n_tokens for n in names) for split, names in shards.items()}}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     return meta
@@ -228,6 +233,8 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> int:
 def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int = 2048,
                 repeats: int = 5) -> float:
     "FLOP/s of the fastest of `repeats` square matmuls of this size: the peak that MFU is measured against."
+    check_int("size", size, minimum=1)
+    check_int("repeats", repeats, minimum=1)
     device = as_device(device)
     a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
     times = []
@@ -289,11 +296,19 @@ def environment() -> tuple[int, int, int]:
 
 def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     "The device this rank trains on and the process-group backend that fits it, or a clear error."
-    device = as_device(run.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"))
+    device = as_device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank if device.index is None else device.index)  # one GPU per rank
+        if device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device}: this machine shows {torch.cuda.device_count()} GPU(s); start at most "
+                             "that many processes per node, or leave device unset")
     backend = run.backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"backend 'nccl' needs CUDA GPUs; this rank runs on {device}: use backend 'gloo' "
                          "(or leave backend unset) on the CPU")
+    if run.dtype == "bfloat16" and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+        raise ValueError(f"dtype 'bfloat16': {torch.cuda.get_device_name(device)} predates NVIDIA's Ampere "
+                         "generation and would only emulate it; train with dtype 'float32'")
     return device, backend
 
 
@@ -329,7 +344,7 @@ def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
         raise ValueError(f"{path} is not a pretraining checkpoint ({RUN_CHECKPOINT_FORMAT!r}): start a new out_dir")
     saved = payload["run"]
     differ = [f"{name} {saved[name]!r} (now {getattr(run, name)!r})" for name in
-              ("preset", "batch_tokens", "micro_batch", "seed", "dtype") if saved[name] != getattr(run, name)]
+              ("preset", "batch_tokens", "micro_batch", "total_steps", "seed", "dtype") if saved[name] != getattr(run, name)]
     if payload["world_size"] != world_size:
         differ.append(f"world_size {payload['world_size']} (now {world_size})")
     if payload["model_config"] != asdict(model.cfg):
@@ -358,9 +373,12 @@ def pretrain(run: RunConfig, progress: bool = True) -> dict:
         if world_size > 1:
             dist.destroy_process_group()
 
-
+# %% ../notebooks/13_scaling_up.ipynb #95055431
 def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, progress: bool) -> dict:
     data_dir, out_dir = Path(run.data_dir), Path(run.out_dir)
+    if not (data_dir / "meta.json").is_file():
+        raise FileNotFoundError(f"{data_dir / 'meta.json'} does not exist: write the shards first with "
+                                f"python -m course_lib.pretrain prepare {data_dir}")
     meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
     cfg, tcfg = PRESETS[run.preset]
     cfg = replace(cfg, vocab_size=meta["vocab_size"])
@@ -385,8 +403,8 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
                         "val_loss": []}
     if checkpoint.exists():
         step, history = load_run(checkpoint, model, optimizer, run, world_size, train, device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
-        if world_size > 1 else model
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  broadcast_buffers=False) if world_size > 1 else model  # buffers: constant masks
     forward = torch.compile(ddp) if run.compile else ddp
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if run.dtype == "bfloat16" else nullcontext()
     flops = flops_per_token(cfg, sum(p.numel() for p in model.parameters()))
@@ -405,7 +423,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
             group["lr"] = lr_at(step, tcfg)
         step_loss = torch.zeros((), device=device)
         for micro in range(accumulate):
-            inputs, targets = (t.to(device) for t in train.next_batch())
+            inputs, targets = (t.to(device) for t in train.next_batch())  # (micro_batch, context_length) each
             sync = micro == accumulate - 1  # DDP all-reduces the gradients only in the last backward pass
             with (nullcontext() if sync or world_size == 1 else ddp.no_sync()):
                 with autocast:
@@ -417,6 +435,8 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
         optimizer.zero_grad(set_to_none=True)
         if world_size > 1:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)  # for the record only: the gradients are already averaged
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the GPU runs behind the Python code: wait for it before timing
         seconds = time.perf_counter() - started
         tokens_per_s = run.batch_tokens / seconds
         history["step"].append(step + 1)
@@ -438,7 +458,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
     bar.close()
     return history
 
-
+# %% ../notebooks/13_scaling_up.ipynb #aa7d5502
 @torch.no_grad()
 def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size: int, autocast, device) -> float:
     "Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks."
@@ -448,7 +468,7 @@ def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size
     batches = min(steps, loader.steps_per_epoch) * loader.accumulate
     total = torch.zeros((), device=device)
     for _ in range(batches):
-        inputs, targets = (t.to(device) for t in loader.next_batch())
+        inputs, targets = (t.to(device) for t in loader.next_batch())  # (micro_batch, context_length) each
         with autocast:
             total += batch_loss(model, inputs, targets).float()
     loader.load_state_dict(saved)

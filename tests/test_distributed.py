@@ -754,3 +754,39 @@ def test_main_prepare_several_files(tmp_path, capsys):
         main(["prepare", str(tmp_path / "other"), str(first), "--tokenizer", "char"])
     assert f"unrecognized arguments: {first}" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+
+
+def test_inputs_refused_before_any_work(tmp_path):
+    with pytest.raises(TypeError, match=r"documents must be an iterable of texts, got one str .*pass \[text\]"):
+        prepare(tmp_path / "a", "To be, or not to be", CharTokenizer.from_text("To be, or not"), val_tokens=4)
+
+    class Words:  # a tokenizer a checkpoint cannot record
+        n_vocab = 10
+
+        def encode_ordinary(self, text):
+            return [1, 2, 3]
+    with pytest.raises(TypeError, match="tokenizer must be a CharTokenizer or gpt2_tokenizer"):
+        prepare(tmp_path / "b", ["a text"], Words(), val_tokens=1)
+    assert not list((tmp_path / "b").glob("*.bin")), "no shard written for a tokenizer that is then refused"
+    with pytest.raises(FileNotFoundError, match=r"meta.json does not exist: write the shards first with "
+                                                r"python -m course_lib.pretrain prepare"):
+        pretrain(RunConfig(str(tmp_path / "nothing"), str(tmp_path / "out")), progress=False)
+    for name, value in (("size", 0), ("repeats", 0)):
+        with pytest.raises(ValueError, match=f"{name} must be >= 1"):
+            matmul_peak(**{name: value})
+
+
+def test_a_shard_read_back_can_be_written_again(tmp_path):
+    ids = torch.tensor([0, 7, 65535, 12])
+    first = read_shard(write_shard(tmp_path / "a.bin", ids, vocab_size=65536))  # a uint16 tensor
+    again = read_shard(write_shard(tmp_path / "b.bin", first, vocab_size=65536))
+    assert torch.equal(again.long(), ids)
+
+
+def test_resuming_with_another_length_of_run_is_refused(char_data, tmp_path):
+    data_dir = char_data[0]
+    run, model, optimizer, loader = small_run(data_dir, tmp_path, total_steps=10)
+    save_run(tmp_path / "checkpoint.pt", model, optimizer, run, 1, 3, loader, {})
+    longer, model, optimizer, loader = small_run(data_dir, tmp_path, total_steps=20)
+    with pytest.raises(ValueError, match=r"belongs to another run: total_steps 10 \(now 20\)"):
+        load_run(tmp_path / "checkpoint.pt", model, optimizer, longer, 1, loader, torch.device("cpu"))
