@@ -382,8 +382,8 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
     meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
     cfg, tcfg = PRESETS[run.preset]
     cfg = replace(cfg, vocab_size=meta["vocab_size"])
-    tcfg = replace(tcfg, total_steps=run.total_steps or tcfg.total_steps,
-                   warmup_steps=min(tcfg.warmup_steps, (run.total_steps or tcfg.total_steps) - 1))
+    total_steps = run.total_steps or tcfg.total_steps  # a short run keeps its warmup inside it
+    tcfg = replace(tcfg, total_steps=total_steps, warmup_steps=min(tcfg.warmup_steps, total_steps - 1))
     accumulate = accumulation_steps(run.batch_tokens, world_size, run.micro_batch, cfg.context_length)
     torch.manual_seed(run.seed)  # the same initial weights on every rank (DDP also copies rank 0's)
     model = GPTModel(cfg).to(device)
