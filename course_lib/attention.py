@@ -159,8 +159,9 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
 
-    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the keys and values of new positions; return those of all positions so far."""
+    def check_new(self, keys: Tensor, values: Tensor) -> None:
+        """Raise a clear error unless keys and values are (batch, n_heads, tokens, head_dim) tensors that fit the
+        ones already cached: same batch size, heads, head_dim, dtype and device."""
         if not isinstance(keys, Tensor) or not isinstance(values, Tensor):
             raise TypeError(f"keys and values must be tensors, got {type(keys).__name__} and "
                             f"{type(values).__name__}")
@@ -168,16 +169,27 @@ class KVCache:
             raise ValueError(f"keys and values must both be (batch, n_heads, tokens, head_dim), got "
                              f"{tuple(keys.shape)} and {tuple(values.shape)}")
         if self.keys is None:
-            self.keys, self.values = keys, values
-            return keys, values
+            return
         for dim, what, fix in ((0, "batch size", "use a new KVCache() for each batch of sequences"),
                                (1, "heads", "give each attention layer its own KVCache"),
                                (3, "head_dim", "give each attention layer its own KVCache")):
             if keys.shape[dim] != self.keys.shape[dim]:
                 raise ValueError(f"kv_cache holds {what} {self.keys.shape[dim]} but the new keys have "
                                  f"{what} {keys.shape[dim]}: {fix}")
-        self.keys = torch.cat([self.keys, keys], dim=2)  # (batch, n_heads, cached + new, head_dim)
-        self.values = torch.cat([self.values, values], dim=2)
+        for new in (keys, values):
+            if (new.dtype, new.device) != (self.keys.dtype, self.keys.device):
+                raise ValueError(f"kv_cache holds {self.keys.dtype} on {self.keys.device} but the new keys or "
+                                 f"values are {new.dtype} on {new.device}: keep the model in one dtype and on one "
+                                 "device while it uses a cache, or start a new KVCache()")
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the keys and values of new positions; return those of all positions so far."""
+        self.check_new(keys, values)
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = torch.cat([self.keys, keys], dim=2)  # (batch, n_heads, cached + new, head_dim)
+            self.values = torch.cat([self.values, values], dim=2)
         return self.keys, self.values
 
     def select(self, rows: Tensor) -> None:

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['check_generation_args', 'eval_mode', 'generate_text_simple', 'check_logits', 'check_sampling_args', 'scale_logits',
-           'top_k_filter', 'top_p_filter', 'check_generator', 'sample_next_token', 'generate']
+           'top_k_filter', 'top_p_filter', 'check_generator', 'sample_next_token', 'StaticKVCache', 'generate']
 
 # %% ../notebooks/08_generation.ipynb #c231c102
 import math
@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import KVCache
 from .config import GPTConfig
 from .guards import EOS_ID, check_bool, check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
@@ -168,6 +169,43 @@ def sample_next_token(logits: Tensor, temperature: float = 0.0, top_k: int | Non
     probs = torch.softmax(logits, dim=-1)  # (batch, vocab_size), zeros where filtered
     return torch.multinomial(probs, num_samples=1, generator=generator)  # (batch, 1)
 
+# %% ../notebooks/08_generation.ipynb #edfe59df
+class StaticKVCache(KVCache):
+    """A KVCache whose storage is allocated once, for `capacity` positions, and written in place.
+
+    The first append allocates keys and values of shape (batch, n_heads, capacity, head_dim); every append copies
+    only the new positions into the next free slots, and `keys` and `values` are views of the filled part."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        check_int("capacity", capacity, minimum=1)
+        self.capacity = capacity
+        self.key_store: Tensor | None = None  # (batch, n_heads, capacity, head_dim), allocated by the first append
+        self.value_store: Tensor | None = None
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Copy the new positions' keys and values into the stores; return views of all positions so far."""
+        self.check_new(keys, values)
+        start, end = len(self), len(self) + keys.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"{keys.shape[2]} new positions after {start} cached need {end}, more than capacity "
+                             f"{self.capacity}: create StaticKVCache(capacity) with room for the prompt and every "
+                             "new token, or crop() it first")
+        if self.key_store is None:
+            batch, heads, _, head_dim = keys.shape
+            self.key_store = keys.new_empty(batch, heads, self.capacity, head_dim)
+            self.value_store = values.new_empty(batch, heads, self.capacity, head_dim)
+        self.key_store[:, :, start:end] = keys  # in place: only the new positions are copied
+        self.value_store[:, :, start:end] = values
+        self.keys, self.values = self.key_store[:, :, :end], self.value_store[:, :, :end]  # views, no copy
+        return self.keys, self.values
+
+    def select(self, rows: Tensor) -> None:
+        """KVCache.select applied to the stores, so that later appends still have their room."""
+        if self.key_store is not None:
+            self.key_store, self.value_store = self.key_store[rows], self.value_store[rows]
+            self.keys, self.values = self.key_store[:, :, :len(self)], self.value_store[:, :, :len(self)]
+
 # %% ../notebooks/08_generation.ipynb #a0a5e542
 def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -179,8 +217,8 @@ def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_le
     otherwise the model reads only the last context_length tokens. temperature/top_k/top_p/generator: see
     sample_next_token. eos_id: a sequence that produced it is finished, the rest of its row is filled with
     eos_id, and the loop stops early once every sequence is finished. use_cache: feed only the newest token and
-    keep the keys and values of the earlier ones (same tokens as use_cache=False, fewer computations). Runs
-    without gradients and in eval mode; the model's modes are restored afterwards."""
+    keep the keys and values of the earlier ones in a StaticKVCache per block (same tokens as use_cache=False,
+    fewer computations). Runs without gradients and in eval mode; the model's modes are restored afterwards."""
     context_length = check_generation_args(model, token_ids, max_new_tokens, context_length)
     check_sampling_args(temperature, top_k, top_p)
     check_generator(generator, token_ids.device)
@@ -189,13 +227,15 @@ def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_le
         check_number("eos_id", eos_id, 0, model.cfg.vocab_size - 1, why=f"for GPT-2's <|endoftext|> pass {EOS_ID}")
     check_bool("use_cache", use_cache)
     finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
-    caches = None
+    capacity = min(context_length, token_ids.shape[1] + max_new_tokens)  # the longest window the loop feeds
+    caches = [StaticKVCache(capacity) for _ in range(model.cfg.n_layers)]
     with torch.no_grad(), eval_mode(model):
         for _ in range(max_new_tokens):
             if not use_cache:
                 logits = model(token_ids[:, -context_length:], last_only=True)  # the whole window, every step
-            elif caches is None or len(caches[0]) == context_length:  # first step, or the window is full: rebuild
-                caches = model.new_kv_caches()
+            elif len(caches[0]) in (0, context_length):  # first step, or the window is full: (re)fill the caches
+                for cache in caches:
+                    cache.crop(0)  # forget every position; the storage stays
                 logits = model(token_ids[:, -context_length:], kv_caches=caches, last_only=True)
             else:
                 logits = model(token_ids[:, -1:], kv_caches=caches, last_only=True)  # only the newest token

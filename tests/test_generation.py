@@ -5,10 +5,11 @@ import pytest
 import torch
 from torch import nn
 
+from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-from course_lib.generation import (check_generation_args, check_generator, check_logits, check_sampling_args,
-                                   eval_mode, generate, generate_text_simple, sample_next_token, scale_logits,
-                                   top_k_filter, top_p_filter)
+from course_lib.generation import (StaticKVCache, check_generation_args, check_generator, check_logits,
+                                   check_sampling_args, eval_mode, generate, generate_text_simple, sample_next_token,
+                                   scale_logits, top_k_filter, top_p_filter)
 from course_lib.guards import EOS_ID
 from course_lib.model import GPTModel
 
@@ -54,6 +55,94 @@ def test_cache_gives_the_same_samples_with_the_same_seed(model):
     runs = [generate(model, token_ids, 20, context_length=10, temperature=1.0, top_k=20, use_cache=use_cache,
                      generator=torch.Generator().manual_seed(5)) for use_cache in (True, False)]
     assert torch.equal(*runs)
+
+
+# --- the static cache: the growing cache's results, written in place ----------------------------------------
+
+@pytest.mark.parametrize("chunks", [(5, 1, 1, 1, 1), (1,) * 9, (3, 4, 2), (9,)])
+def test_static_cache_gives_bit_identical_logits_and_never_moves(model, chunks):
+    token_ids = prompts(2, sum(chunks), seed=len(chunks))
+    growing = model.new_kv_caches()
+    static = [StaticKVCache(capacity=CFG.context_length) for _ in range(CFG.n_layers)]
+    start, stores = 0, None
+    with torch.no_grad():
+        for size in chunks:
+            piece = token_ids[:, start:start + size]
+            assert torch.equal(model(piece, kv_caches=growing), model(piece, kv_caches=static))
+            start += size
+            if stores is None:
+                stores = [(c.key_store.data_ptr(), c.value_store.data_ptr()) for c in static]
+    assert [(c.key_store.data_ptr(), c.value_store.data_ptr()) for c in static] == stores
+    for g, s in zip(growing, static):
+        assert len(s) == len(g) == start
+        assert torch.equal(s.keys, g.keys) and torch.equal(s.values, g.values)
+        assert s.keys.data_ptr() == s.key_store.data_ptr(), "keys must be a view of the store"
+
+
+def test_static_cache_select_and_crop_keep_matching_the_growing_cache(model):
+    token_ids = prompts(3, 10, seed=4)
+    growing = model.new_kv_caches()
+    static = [StaticKVCache(capacity=12) for _ in range(CFG.n_layers)]
+    rows = torch.tensor([2, 0, 0])  # beam search's pattern: reorder and repeat
+    with torch.no_grad():
+        for caches in (growing, static):
+            model(token_ids[:, :6], kv_caches=caches)
+            for cache in caches:
+                cache.select(rows)
+                cache.crop(4)  # speculative decoding's pattern: drop the rejected positions
+        for t in range(4, 10):  # keep going after both, on the selected rows
+            piece = token_ids[rows, t:t + 1]
+            assert torch.equal(model(piece, kv_caches=growing), model(piece, kv_caches=static))
+    assert len(static[0]) == 10 and static[0].key_store.shape == (3, CFG.n_heads, 12, CFG.emb_dim // CFG.n_heads)
+
+
+def test_static_cache_refuses_more_positions_than_its_capacity(model):
+    static = [StaticKVCache(capacity=5) for _ in range(CFG.n_layers)]
+    with torch.no_grad():
+        model(prompts(1, 4, seed=0), kv_caches=static)
+        with pytest.raises(ValueError, match=re.escape(
+                "2 new positions after 4 cached need 6, more than capacity 5: create StaticKVCache(capacity) "
+                "with room for the prompt and every new token, or crop() it first")):
+            model(prompts(1, 2, seed=1), kv_caches=static)
+        assert len(static[0]) == 4, "the refused append left the cache as it was"
+        for cache in static:
+            cache.crop(3)
+        model(prompts(1, 2, seed=1), kv_caches=static)  # 3 + 2 fits
+    assert len(static[0]) == 5
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "8"])
+def test_static_cache_capacity_must_be_a_positive_int(capacity):
+    with pytest.raises((TypeError, ValueError), match="capacity"):
+        StaticKVCache(capacity)
+
+
+@pytest.mark.parametrize("cache_type", [KVCache, lambda: StaticKVCache(8)])
+def test_a_cache_refuses_keys_of_another_dtype_instead_of_casting_them(cache_type):
+    cache = cache_type()
+    cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    half = torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=re.escape(
+            "kv_cache holds torch.float32 on cpu but the new keys or values are torch.bfloat16 on cpu: keep the "
+            "model in one dtype and on one device while it uses a cache")):
+        cache.append(half, half)
+    with pytest.raises(ValueError, match="torch.bfloat16"):
+        cache.append(torch.zeros(1, 2, 1, 4), half)  # values alone of another dtype
+    assert len(cache) == 3
+
+
+def test_generate_feeds_static_caches_that_fit_the_longest_window(model, monkeypatch):
+    made = []
+    original = StaticKVCache.__init__
+
+    def record(self, capacity):
+        made.append(capacity)
+        original(self, capacity)
+
+    monkeypatch.setattr(StaticKVCache, "__init__", record)
+    generate(model, prompts(1, 3, seed=0), 5)  # 3 + 5 tokens fit: the caches need 8 positions at most
+    generate(model, prompts(1, 3, seed=0), 40, context_length=6)  # the window holds 6
+    assert made == [8] * CFG.n_layers + [6] * CFG.n_layers
 
 
 @pytest.mark.parametrize("context_length, tokens, new", [(CFG.context_length, 4, 12), (6, 4, 20), (1, 2, 5)])
