@@ -97,3 +97,38 @@ def test_layernorm_with_float32_parameters_on_large_float16_input():  # issue 14
     got = LayerNorm(4)(x)
     assert got.dtype == torch.float16
     assert torch.equal(got, torch.nn.LayerNorm(4)(x)) and torch.equal(got, torch.tensor([[1.0, -1, 1, -1]]).half())
+
+
+# The bfloat16 decoding path (issue 16): the course's trained model with weights and KV cache in bfloat16 and the
+# choice of each token in float32, against the same model in float32, greedy, on the prompts the notebooks use.
+SHIPPED_PROMPTS = ["HAMLET:\nTo be, or not to be", "JULIET:\nO Romeo, Romeo,", "ROMEO:\nBut soft",
+                   "First Citizen:\nWe are", "KING HENRY VI:\n"]
+
+
+@pytest.mark.parametrize("prompt", SHIPPED_PROMPTS)
+def test_bfloat16_greedy_decoding_agrees_with_float32_or_diverges_only_at_a_near_tie(prompt):
+    """Identical tokens, or, at the first token where they differ, bfloat16's choice scores within bfloat16's own
+    rounding error of float32's best token: a near-tie that rounding decides, not a broken path."""
+    from course_lib.pretrained import load_shakespeare_gpt
+    model, tokenizer = load_shakespeare_gpt("cpu")
+    model_bf16 = GPTModel(model.cfg).to(torch.bfloat16).eval()
+    model_bf16.load_state_dict(model.state_dict())  # the same weights, rounded to bfloat16
+    prompt_ids = torch.tensor([tokenizer.encode(prompt)])
+    new = 80
+    in_float32 = generate(model, prompt_ids, new)
+    in_bfloat16 = generate(model_bf16, prompt_ids, new)
+    assert in_bfloat16.dtype == torch.long and in_bfloat16.shape == in_float32.shape
+    differ = (in_float32 != in_bfloat16)[0].nonzero()
+    if len(differ) == 0:
+        return
+    first = int(differ[0])
+    prefix = in_float32[:, :first]
+    with torch.no_grad():
+        logits32 = model(prefix, last_only=True)[0, -1]  # (vocab_size,)
+        logits16 = model_bf16(prefix, last_only=True)[0, -1].float()
+    best, chosen = int(in_float32[0, first]), int(in_bfloat16[0, first])
+    gap = float(logits32[best] - logits32[chosen])  # how much worse bfloat16's token is, judged in float32
+    rounding = float((logits32 - logits16).abs().max())  # how far bfloat16's logits are from float32's here
+    assert 0 <= gap <= 2 * rounding, (f"at token {first - prompt_ids.shape[1]} bfloat16 chose "
+                                      f"{tokenizer.decode([chosen])!r}, {gap:.3f} below float32's "
+                                      f"{tokenizer.decode([best])!r}: more than twice the logit error {rounding:.3f}")
