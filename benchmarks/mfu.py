@@ -8,14 +8,27 @@ causal mask). N counts every parameter once: the token embedding is included bec
 output head, whose matmul is real work; the position embeddings (L x d, no matmul) are included too, an
 over-count of 0.6 % at 124M. MFU = tokens/s x FLOPs per token / measured peak FLOP/s.
 
+Where the rest goes: one course step is profiled (self CPU time per operator, profile_train_step.py's method) and
+its FLOPs are counted per operator (torch.utils.flop_counter), so each matrix-product operator gets its own
+achieved FLOP/s against the peak, and the time outside them is listed by operator. MFU = (share of the step in
+matrix products) x (their FLOP/s / peak), up to the model-FLOP count's approximations: the product of the two
+rows is what 70% MFU would need.
+
     python benchmarks/mfu.py            # a few minutes on 2 cores
     python benchmarks/mfu.py --quick    # smoke run
 """
 
+from collections import defaultdict
+
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from common import (Run, build_pair, count_params, course_logits, hf_logits, make_train_step, median,
                     parse_args, print_table, random_batch, summarize, time_interleaved)
+from profile_train_step import self_cpu_ms
+
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")  # the matrix products; flop_counter does not count the CPU's
+# flash-attention kernel, which is listed by time among the rest (its 12 L T d FLOPs are 4% of 6N + 12 L T d here)
 
 
 def matmul_fn(n: int):
@@ -63,7 +76,42 @@ def main():
                       f"batch {batch} x {tokens} tokens, AdamW, float32; "
                       f"FLOPs/token = 6N + 12LTd = {flops_6n / 1e6:.0f}M + {flops_attention / 1e6:.1f}M; "
                       f"medians of {repeats} interleaved repetitions")
+    # where the step's time goes: FLOPs per operator (counted) against self CPU time per operator (profiled)
+    step = make_train_step(course, course_logits, ids, targets)
+    with FlopCounterMode(display=False) as counter:
+        step()
+    flops = defaultdict(int)
+    for op, count in counter.get_flop_counts()["Global"].items():
+        flops["aten::" + str(op).split(".")[1]] += count
+    ms = self_cpu_ms({"course": step}, repeats=3)["course"]
+    step_ms = sum(ms.values())
+    product_ms = sum(ms.get(op, 0) for op in PRODUCTS)
+    product_flops = sum(flops.get(op, 0) for op in PRODUCTS)
+    unmatched = {op: count for op, count in flops.items() if op not in PRODUCTS}
+    rows = []
+    for op in PRODUCTS:
+        if ms.get(op):
+            rate = flops.get(op, 0) / (ms[op] / 1e3)
+            rows.append([op.removeprefix("aten::"), f"{ms[op]:.0f}", f"{100 * ms[op] / step_ms:.1f}%",
+                         f"{flops.get(op, 0) / 1e9:.1f}", f"{rate / 1e9:.1f}", f"{rate / peak:.1%}"])
+    rows.append(["all matrix products", f"{product_ms:.0f}", f"{100 * product_ms / step_ms:.1f}%",
+                 f"{product_flops / 1e9:.1f}", f"{product_flops / (product_ms / 1e3) / 1e9:.1f}",
+                 f"{product_flops / (product_ms / 1e3) / peak:.1%}"])
+    others = sorted((op for op in ms if op not in PRODUCTS), key=lambda op: -ms[op])
+    for op in others[:8]:
+        rows.append([op.removeprefix("aten::"), f"{ms[op]:.0f}", f"{100 * ms[op] / step_ms:.1f}%", "", "", ""])
+    rest = step_ms - product_ms - sum(ms[op] for op in others[:8])
+    rows.append([f"{len(others) - 8} other operators", f"{rest:.0f}", f"{100 * rest / step_ms:.1f}%", "", "", ""])
+    rows.append(["the whole step (profiled)", f"{step_ms:.0f}", "100%", f"{sum(flops.values()) / 1e9:.1f}", "", ""])
+    print_table(["operator", "ms", "share of step", "GFLOP", "GFLOP/s", "of peak"], rows,
+                title="where a course training step's time goes (one step profiled 3 times; FLOPs counted per "
+                      "operator); MFU = share in products x their share of peak")
+    breakdown = {"self_cpu_ms": ms, "flops": dict(flops), "product_ms": product_ms, "product_flops": product_flops,
+                 "step_ms": step_ms, "product_share_of_step": product_ms / step_ms,
+                 "product_rate_of_peak": product_flops / (product_ms / 1e3) / peak,
+                 "flops_outside_products": unmatched}
     run.finish({
+        "breakdown": breakdown,
         "emb_dim": emb_dim, "n_layers": n_layers, "n_heads": n_heads, "batch": batch, "tokens": tokens,
         "parameters": params, "parameters_counting": "all, tied matrix once, embeddings included",
         "flops_per_token": flops_per_token, "flops_6n": flops_6n, "flops_attention_12LTd": flops_attention,
