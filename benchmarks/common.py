@@ -30,17 +30,16 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few repetitions: a smoke run")
     parser.add_argument("--repeats", type=int, default=None, help="timed repetitions per variant")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads for both peers (default: torch's own choice, one per core); "
-                             "on a machine shared with other jobs, 1 keeps OpenMP workers from waiting for "
-                             "busy cores at every operation")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads for both peers (default 1, the course's thread policy: on a "
+                             "machine shared with other jobs, more keep OpenMP workers waiting for busy cores at "
+                             "every operation; README, Performance)")
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     return args
 
 

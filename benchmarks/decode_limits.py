@@ -186,8 +186,7 @@ def main():
     args = parse_args(__doc__, extra=lambda parser: parser.add_argument(
         "--under-load", action="store_true",
         help="run beside two busy loops (one per core of the course's machine); writes decode_limits_under_load.json"))
-    threads = args.threads or 1  # the limit is one core's bandwidth; see the docstring
-    torch.set_num_threads(threads)
+    threads = args.threads  # 1 by default: the limit is one core's bandwidth; see the docstring
     loops = busy_loops(2) if args.under_load else []
     try:
         measure(args, threads)

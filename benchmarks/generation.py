@@ -2,7 +2,8 @@
 124M shape (random weights, the same in both), 200 new tokens from a short prompt, outputs asserted identical;
 plus the course's own speedup of the KV cache over re-reading the whole sequence every step, and the
 weight-reading floor: one single-token nn.Linear call per weight matrix, the least any float32 decoder with these
-weights must do per new token (batch 1 is bound by memory bandwidth, not by arithmetic).
+weights must do per new token (batch 1 is bound by memory bandwidth, not by arithmetic). No goal is judged here:
+the course's founded decoding goals, shares of a measured bandwidth limit, are benchmarks/decode_limits.py's.
 
     python benchmarks/generation.py            # a few minutes on 2 cores
     python benchmarks/generation.py --quick    # smoke run
@@ -17,8 +18,6 @@ from common import (Run, build_pair, fmt_s, hf_greedy, median, paired_ratio, par
 from course_lib.generation import generate
 from course_lib.tokenization import gpt2_tokenizer
 
-GOAL_VS_HF = 1.3  # course tokens/s over HF tokens/s, at least
-GOAL_CACHE = 6.0  # course cached over uncached speed at 200 new tokens, at least
 PROMPT = "Every effort moves you"
 FLOOR_TOKENS = 20  # tokens' worth of weight reads per timed floor call
 
@@ -83,13 +82,12 @@ def main():
         ["course generate, use_cache=False", fmt_s(median(uncached)), f"{tps['course_uncached']:.1f}", ""],
         ["floor: weight reads only (nn.Linear, 1 token)", fmt_s(median(times["floor"]) / FLOOR_TOKENS * new_tokens),
          f"{tps['weight_read_floor']:.1f}", "ceiling of the course"],
-        ["course / HF tokens/s", "", f"{vs_hf:.2f}x", f">= {GOAL_VS_HF}: {'yes' if vs_hf >= GOAL_VS_HF else 'NO'}"],
-        ["course cached / uncached", "", f"{cache_speedup:.2f}x",
-         f">= {GOAL_CACHE}: {'yes' if cache_speedup >= GOAL_CACHE else 'NO'}"],
+        ["course / HF tokens/s", "", f"{vs_hf:.2f}x", ""],
+        ["course cached / uncached", "", f"{cache_speedup:.2f}x", "machine-bound: see decode_limits.py"],
         ["course / HF, by CPU time", "", f"{cpu_vs_hf:.2f}x", "load-proof with 1 thread"],
         ["floor / HF tokens/s", "", f"{tps['weight_read_floor'] / tps['hf']:.2f}x", "the most course / HF can be"],
     ]
-    print_table(["variant", "time", "tokens/s", "goal"], rows,
+    print_table(["variant", "time", "tokens/s", ""], rows,
                 title=f"greedy generation, {torch.get_num_threads()} threads, emb {emb_dim} / {n_layers} layers, "
                       f"prompt {prompt.shape[1]} tokens, "
                       f"{new_tokens} new tokens, batch 1, float32; medians of {repeats} interleaved runs "
@@ -109,8 +107,6 @@ def main():
         "ratio_course_over_hf_tokens_per_s": vs_hf,
         "paired_ratio": paired_ratio(times["hf"], times["course"]),
         "cache_speedup": cache_speedup,
-        "goal_vs_hf_at_least": GOAL_VS_HF, "goal_vs_hf_met": vs_hf >= GOAL_VS_HF,
-        "goal_cache_speedup_at_least": GOAL_CACHE, "goal_cache_speedup_met": cache_speedup >= GOAL_CACHE,
     })
 
 

@@ -1,5 +1,7 @@
 """One training step (forward + backward + AdamW) of course_lib's GPTModel vs Hugging Face's GPT2LMHeadModel,
 same config, same weights, same batch, float32 on the CPU; interleaved repetitions, medians, course/HF ratio.
+No goal is judged here: the same computation cannot be much faster than HF's; the founded training goal is MFU
+against a measured matmul peak, benchmarks/mfu.py's.
 
     python benchmarks/train_step.py            # a few minutes on 2 cores
     python benchmarks/train_step.py --quick    # smoke run
@@ -11,8 +13,6 @@ import torch
 
 from common import (Run, build_pair, count_params, course_logits, fmt_s, hf_logits, make_train_step, median,
                     paired_ratio, parse_args, print_table, random_batch, summarize, time_interleaved)
-
-GOAL = 0.9  # course time / HF time must be at most this
 
 SIZES = {  # name: (emb_dim, n_layers, n_heads, context_length, batch, tokens)
     "small (emb 256, 4 layers)": (256, 4, 4, 256, 8, 256),
@@ -52,7 +52,6 @@ def main():
             "hf": summarize(times["hf"], timings.cpu["hf"]),
             "ratio_course_over_hf": ratio, "paired_ratio": paired_ratio(times["course"], times["hf"]),
             "cpu_ratio_course_over_hf": cpu_ratio,
-            "goal_ratio_at_most": GOAL, "goal_met": ratio <= GOAL,
             "first_loss": first, "last_loss": last,
             "course_tokens_per_s": tokens_per_step / median(times["course"]),
             "hf_tokens_per_s": tokens_per_step / median(times["hf"]),
@@ -61,11 +60,10 @@ def main():
         rows.append([name, f"{params / 1e6:.1f}M", f"{batch}x{tokens}", fmt_s(median(times["course"])),
                      fmt_s(median(times["hf"])), f"{ratio:.3f}", f"{result['paired_ratio']:.3f}",
                      f"{cpu_ratio:.3f}",
-                     "yes" if ratio <= GOAL else "NO",
                      f"{first['course']:.4f}/{first['hf']:.4f} -> {last['course']:.4f}/{last['hf']:.4f}"])
         del course, hf, steps
     print_table(["size", "params", "batch", "course", f"HF ({results[0]['hf_attn_implementation']})",
-                 "course/HF", "paired", "CPU-time", f"<= {GOAL}", "loss course/HF first -> last"], rows,
+                 "course/HF", "paired", "CPU-time", "loss course/HF first -> last"], rows,
                 title=f"training step, float32, AdamW, {torch.get_num_threads()} threads, medians of {repeats} "
                        "interleaved repetitions after warm-up; course/HF = ratio of wall medians, paired = median "
                        "of per-round ratios, CPU-time = ratio of CPU-time medians (load-proof with 1 thread)")

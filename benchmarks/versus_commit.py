@@ -55,8 +55,6 @@ def commit_argument(parser) -> None:
 
 def main():
     args = parse_args(__doc__, commit_argument)
-    if args.threads is None:
-        torch.set_num_threads(1)
     run = Run("versus_commit", args)
     import course_lib.config as config_now
     import course_lib.generation as generation_now
