@@ -168,6 +168,9 @@ class KVCache:
         if keys.dim() != 4 or keys.shape != values.shape:
             raise ValueError(f"keys and values must both be (batch, n_heads, tokens, head_dim), got "
                              f"{tuple(keys.shape)} and {tuple(values.shape)}")
+        if (keys.dtype, keys.device) != (values.dtype, values.device):
+            raise ValueError(f"keys are {keys.dtype} on {keys.device} but values are {values.dtype} on "
+                             f"{values.device}: compute both with the same attention layer")
         if self.keys is None:
             return
         for dim, what, fix in ((0, "batch size", "use a new KVCache() for each batch of sequences"),
@@ -176,11 +179,10 @@ class KVCache:
             if keys.shape[dim] != self.keys.shape[dim]:
                 raise ValueError(f"kv_cache holds {what} {self.keys.shape[dim]} but the new keys have "
                                  f"{what} {keys.shape[dim]}: {fix}")
-        for new in (keys, values):
-            if (new.dtype, new.device) != (self.keys.dtype, self.keys.device):
-                raise ValueError(f"kv_cache holds {self.keys.dtype} on {self.keys.device} but the new keys or "
-                                 f"values are {new.dtype} on {new.device}: keep the model in one dtype and on one "
-                                 "device while it uses a cache, or start a new KVCache()")
+        if (keys.dtype, keys.device) != (self.keys.dtype, self.keys.device):
+            raise ValueError(f"kv_cache holds {self.keys.dtype} on {self.keys.device} but the new keys are "
+                             f"{keys.dtype} on {keys.device}: keep the model in one dtype and on one device while it "
+                             "uses a cache, or start a new KVCache()")
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Add the keys and values of new positions; return those of all positions so far."""

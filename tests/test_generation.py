@@ -89,7 +89,13 @@ def test_static_cache_select_and_crop_keep_matching_the_growing_cache(model):
             model(token_ids[:, :6], kv_caches=caches)
             for cache in caches:
                 cache.select(rows)
+        for g, s in zip(growing, static):  # straight after select, before any append repairs the views
+            assert torch.equal(s.keys, g.keys) and torch.equal(s.values, g.values)
+        for caches in (growing, static):
+            for cache in caches:
                 cache.crop(4)  # speculative decoding's pattern: drop the rejected positions
+        for g, s in zip(growing, static):
+            assert len(s) == len(g) == 4 and torch.equal(s.keys, g.keys) and torch.equal(s.values, g.values)
         for t in range(4, 10):  # keep going after both, on the selected rows
             piece = token_ids[rows, t:t + 1]
             assert torch.equal(model(piece, kv_caches=growing), model(piece, kv_caches=static))
@@ -118,17 +124,45 @@ def test_static_cache_capacity_must_be_a_positive_int(capacity):
 
 
 @pytest.mark.parametrize("cache_type", [KVCache, lambda: StaticKVCache(8)])
-def test_a_cache_refuses_keys_of_another_dtype_instead_of_casting_them(cache_type):
+def test_a_cache_refuses_keys_of_another_dtype_or_device_instead_of_casting_them(cache_type):
     cache = cache_type()
+    with pytest.raises(ValueError, match=re.escape(
+            "keys are torch.float32 on cpu but values are torch.bfloat16 on cpu: compute both with the same "
+            "attention layer")):
+        cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4, dtype=torch.bfloat16))  # even when empty
     cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
     half = torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=re.escape(
-            "kv_cache holds torch.float32 on cpu but the new keys or values are torch.bfloat16 on cpu: keep the "
-            "model in one dtype and on one device while it uses a cache")):
+            "kv_cache holds torch.float32 on cpu but the new keys are torch.bfloat16 on cpu: keep the model in one "
+            "dtype and on one device while it uses a cache")):
         cache.append(half, half)
-    with pytest.raises(ValueError, match="torch.bfloat16"):
-        cache.append(torch.zeros(1, 2, 1, 4), half)  # values alone of another dtype
+    elsewhere = torch.zeros(1, 2, 1, 4, device="meta")  # another device, without needing a GPU
+    with pytest.raises(ValueError, match=re.escape("kv_cache holds torch.float32 on cpu but the new keys are "
+                                                   "torch.float32 on meta")):
+        cache.append(elsewhere, elsewhere)
     assert len(cache) == 3
+
+
+def test_a_smaller_selection_shrinks_the_static_cache_at_once(model):
+    static = [StaticKVCache(capacity=8) for _ in range(CFG.n_layers)]
+    with torch.no_grad():
+        model(prompts(3, 5, seed=2), kv_caches=static)
+    kept = static[0].keys[[1, 2]].clone()
+    static[0].select(torch.tensor([1, 2]))
+    assert static[0].keys.shape[0] == static[0].values.shape[0] == static[0].key_store.shape[0] == 2
+    assert torch.equal(static[0].keys, kept)
+
+
+def test_generate_runs_every_cached_step_on_static_caches(model):
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append({type(c) for c in kwargs["kv_caches"]}), with_kwargs=True)
+    try:
+        generate(model, prompts(2, 3, seed=0), 6)
+        generate(model, prompts(2, 3, seed=0), 12, context_length=5)  # refills the caches when the window is full
+    finally:
+        hook.remove()
+    assert len(seen) == 6 + 12 and all(types == {StaticKVCache} for types in seen)
 
 
 def test_generate_feeds_static_caches_that_fit_the_longest_window(model, monkeypatch):
