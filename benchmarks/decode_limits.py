@@ -9,7 +9,8 @@ Bandwidth is measured in the same run, interleaved with the decoding so that bot
 two kernels that each read 1 GiB once: a float32 `sum`, and a matrix-vector product x @ A with A of shape
 (768, 349525), the shape and layout in which this CPU's matrix-vector kernel streams fastest. The limit uses the
 faster of the two: a limit some kernel beats is no limit. Bytes per token count every parameter once (the tied
-embedding / output head once), except the position embedding, of which one row is read.
+embedding / output head once), except the position embedding, of which one row is read, plus the keys and values
+the step reads from the cache, averaged over the run's positions (1.5% of the weights at these lengths).
 
 Every variant decodes the same prompt; each step's effect is measured against the one before it:
 
@@ -17,9 +18,9 @@ Every variant decodes the same prompt; each step's effect is measured against th
 - course, StaticKVCache       notebook 08's cache, allocated once and written in place; what `generate` runs
 - + head transposed           experiment: the tied output head multiplied as x @ W^T from a contiguous (emb, vocab)
                               copy (154 MB more memory, built once per model)
-- + qkv, fc as (in, out)      experiment: the block matrices whose outputs are wider than their inputs (W_query,
-                              W_key, W_value, fc) stored (in, out) and computed with torch.addmm, as GPT-2's
-                              Conv1D does; out_proj and proj stay nn.Linear
+- + fc as (in, out)           experiment: the feed-forward's first matrix, the only block matrix of the course with
+                              more outputs than inputs, stored (in, out) and computed with torch.addmm, as GPT-2's
+                              Conv1D does; the rest stay nn.Linear
 - GPT-2 layout everywhere     experiment: every block matrix (in, out), the head as the course has it
 - Hugging Face generate       sdpa attention, its own Conv1D layout
 - course, StaticKVCache, 2 threads    the thread policy: is a second thread ever faster for batch-1 decoding?
@@ -112,6 +113,14 @@ def weight_bytes_per_token(model) -> int:
     return total - pos.numel() * pos.element_size() + pos.shape[1] * pos.element_size()
 
 
+def cache_bytes_per_token(model, prompt_tokens: int, new_tokens: int) -> float:
+    """Bytes of cached keys and values one decoding step reads, averaged over the steps of a run: the step that
+    feeds position t reads t + 1 positions' keys and values in every layer."""
+    cfg, size = model.cfg, next(model.parameters()).element_size()
+    positions = range(prompt_tokens, prompt_tokens + new_tokens - 1)  # the positions of the fed tokens
+    return sum(2 * cfg.n_layers * (t + 1) * cfg.emb_dim * size for t in positions) / len(positions)
+
+
 def course_stepwise(model, prompt: torch.Tensor, new_tokens: int, static: bool = True):
     """Greedy decoding with a KV cache, one forward per token, timing each step: (tokens, seconds per step).
     The loop of `generate`'s cached path, written out so that each step can be timed."""
@@ -123,11 +132,12 @@ def course_stepwise(model, prompt: torch.Tensor, new_tokens: int, static: bool =
             caches = model.new_kv_caches()
         logits = model(prompt, kv_caches=caches, last_only=True)
         tokens = prompt
-        for _ in range(new_tokens):
+        for step in range(new_tokens):
             start = time.perf_counter()
-            next_id = logits[:, -1].float().argmax(dim=-1, keepdim=True)  # (1, 1); the choice in float32
+            next_id = logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
             tokens = torch.cat([tokens, next_id], dim=1)
-            logits = model(next_id, kv_caches=caches, last_only=True)
+            if step < new_tokens - 1:  # as generate: no forward for a token nobody will extend
+                logits = model(next_id, kv_caches=caches, last_only=True)
             steps.append(time.perf_counter() - start)
     return tokens, steps
 
@@ -161,7 +171,8 @@ def profile_matmuls(model, prompt: torch.Tensor, position: int) -> float:
 def layout_times(dtype: torch.dtype, repeats: int, quick: bool) -> dict[str, dict[str, float]]:
     """Seconds to multiply one row by 12 matrices of each GPT-2 124M block shape (as one token does through the
     12 blocks), stored (out, in) for F.linear or (in, out) for x @ W: medians of `repeats` interleaved calls."""
-    shapes = {"qkv (2304, 768)": (2304, 768), "out_proj (768, 768)": (768, 768), "fc (3072, 768)": (3072, 768),
+    shapes = {"W_query, W_key, W_value or out_proj (768, 768), 12 of the 48": (768, 768),
+              "the three fused, as GPT-2 stores them (2304, 768)": (2304, 768), "fc (3072, 768)": (3072, 768),
               "proj (768, 3072)": (768, 3072), "head (50257, 768), once": (50257, 768)}
     if quick:
         shapes = {name: (out // 8, inp // 8) for name, (out, inp) in shapes.items()}
@@ -212,7 +223,7 @@ def measure(args, threads: int):
         "course, growing KVCache": (course, False),
         "course, StaticKVCache": (course, True),
         "+ head transposed": (with_layout(course, transposed_head=True), True),
-        "+ qkv, fc as (in, out)": (with_layout(course, ("W_query", "W_key", "W_value", "fc"), True), True),
+        "+ fc as (in, out)": (with_layout(course, ("fc",), True), True),
         "GPT-2 layout everywhere": (with_layout(course, ("W_query", "W_key", "W_value", "out_proj", "fc", "proj")),
                                     True),
     }
@@ -246,15 +257,18 @@ def measure(args, threads: int):
     bandwidths = {"sum": BANDWIDTH_BYTES / median(timings.wall["bandwidth, sum"]),
                   "x @ A": gemv_matrix.numel() * 4 / median(timings.wall["bandwidth, x @ A"])}
     bandwidth = max(bandwidths.values())
-    bytes_per_token = weight_bytes_per_token(course)
+    weight_bytes = weight_bytes_per_token(course)
+    cache_bytes = cache_bytes_per_token(course, prompt.shape[1], new_tokens)
+    bytes_per_token = weight_bytes + cache_bytes
     limit = bandwidth / bytes_per_token
-    limit_bf16 = bandwidth / weight_bytes_per_token(course_bf16)
+    bf16_bytes = weight_bytes_per_token(course_bf16) + cache_bytes_per_token(course_bf16, prompt.shape[1], new_tokens)
+    limit_bf16 = bandwidth / bf16_bytes
     decoders = [name for name in fns if not name.startswith("bandwidth")]
     tps = {name: new_tokens / median(timings.wall[name]) for name in decoders}
     static_name = "course, StaticKVCache"
 
     # per-token time along the sequence: medians over repetitions of each step, then over the two windows
-    early, late = (20, 40), (new_tokens - 20, new_tokens)
+    early, late = (20, 40), (new_tokens - 21, new_tokens - 1)  # the last step runs no forward
     windows = {}
     for name, runs in per_token_steps.items():
         runs = runs[1:]  # the warm-up's steps are not counted
@@ -290,7 +304,8 @@ def measure(args, threads: int):
         ["bandwidth, float32 sum over 1 GiB", f"{bandwidths['sum'] / 1e9:.1f} GB/s", "", ""],
         ["bandwidth, x @ A, A (768, 349525) float32", f"{bandwidths['x @ A'] / 1e9:.1f} GB/s", "",
          "the limit uses the faster"],
-        ["weights read per token, float32", f"{bytes_per_token / 1e6:.1f} MB", "", ""],
+        ["read per token, float32: weights + cache", f"{bytes_per_token / 1e6:.1f} MB", "",
+         f"{weight_bytes / 1e6:.1f} + {cache_bytes / 1e6:.1f} MB (mean over the steps)"],
         ["limit = bandwidth / bytes per token", f"{limit:.1f} tokens/s", "100%",
          f"{1e3 / limit:.1f} ms per token"],
     ]
@@ -347,7 +362,8 @@ def measure(args, threads: int):
     run.finish({
         "emb_dim": emb_dim, "n_layers": n_layers, "new_tokens": new_tokens, "repeats": repeats, "threads": threads,
         "bandwidth_bytes_per_s": bandwidths, "limit_bandwidth_bytes_per_s": bandwidth,
-        "weight_bytes_per_token": bytes_per_token, "limit_tokens_per_s": limit,
+        "weight_bytes_per_token": weight_bytes, "cache_bytes_per_token": cache_bytes,
+        "bytes_per_token": bytes_per_token, "limit_tokens_per_s": limit,
         "limit_bf16_tokens_per_s": limit_bf16, "tokens_per_s": tps,
         "share_of_limit": {name: tps[name] / (limit_bf16 if name == "course in bfloat16" else limit)
                            for name in decoders},
