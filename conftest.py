@@ -9,3 +9,41 @@ import os
 # Performance). Must be set before torch is imported, which is why it lives here and not in a fixture.
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
+
+
+# Every figure a notebook draws must be readable in a lecture hall (course guide, section 4): each nbval kernel
+# checks each figure it renders with tests/figure_check.py, and a figure that breaks a rule turns the cell that
+# showed it into an error that names the problems. The kernels inherit IPYTHONDIR from this process, so it points
+# at a profile made for this test session only, in a temporary folder: its startup file installs the check, its
+# config keeps no history database. Your own ~/.ipython and Jupyter are untouched (and, as a bonus, your own
+# startup files no longer leak into the test kernels). COURSE_FIGURE_CHECK=0 switches the check off. Made once,
+# by the first process that loads this file: pytest-xdist's workers inherit the variables and reuse the folder.
+def _figure_check_profile():
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    if os.environ.get("COURSE_FIGURE_CHECK") == "0" or os.environ.get("COURSE_FIGURE_CHECK_IPYTHONDIR"):
+        return
+    checker = Path(__file__).resolve().parent / "tests" / "figure_check.py"
+    ipython_dir = Path(tempfile.mkdtemp(prefix="course-ipython-"))
+    atexit.register(shutil.rmtree, ipython_dir, ignore_errors=True)
+    profile = ipython_dir / "profile_default"
+    (profile / "startup").mkdir(parents=True)
+    (profile / "ipython_config.py").write_text("c.HistoryManager.enabled = False  # no history.sqlite shared by the kernels\n")
+    # A startup file runs in the notebook's namespace: define nothing that a notebook could use by accident.
+    (profile / "startup" / "00-figure-check.py").write_text(
+        "def _course_figure_check():\n"
+        "    import importlib.util, sys\n"
+        f"    spec = importlib.util.spec_from_file_location('_course_figure_check', {str(checker)!r})\n"
+        "    module = importlib.util.module_from_spec(spec)\n"
+        "    sys.modules[spec.name] = module\n"
+        "    spec.loader.exec_module(module)\n"
+        "    module.install()\n"
+        "_course_figure_check()\n"
+        "del _course_figure_check\n")
+    os.environ["IPYTHONDIR"] = os.environ["COURSE_FIGURE_CHECK_IPYTHONDIR"] = str(ipython_dir)
+
+
+_figure_check_profile()

@@ -105,6 +105,11 @@ def refresh(path: Path) -> float:
 
 
 def main(args: list[str]) -> None:
+    # The kernels start as under pytest: conftest.py installs the figure check (a figure too small to read from the
+    # back of a lecture hall stops the refresh at its cell) through IPYTHONDIR, which the kernels inherit.
+    sys.path.insert(0, str(ROOT))
+    import conftest  # noqa: F401
+
     slides_only, export_only = "--slides-only" in args, "--export-only" in args
     args = [a for a in args if a not in ("--slides-only", "--export-only")]
     paths = [Path(a).resolve() for a in args] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
