@@ -1,0 +1,219 @@
+"""Every number in a lesson's prose is one the notebook printed, or says where it comes from
+(COURSE_GUIDE.md section 3).
+
+A number in a markdown cell passes when
+* it appears in the notebook's stored outputs or as a literal in its code (a config value, a seed, a loop's
+  range), to the precision the prose gives (prose 1.36 matches a printed 1.3593; prose 1.34 does not);
+* or its sentence names where it comes from: a paper (an author and a year, "Olsson et al., 2022"), or a
+  measurement outside the notebook with its date ("`benchmarks/decode_limits.py`, 2026-11-24", the README's
+  Performance section with a date, the model card). A table is judged by the sentence that introduces it;
+* or it is part of the lesson's mathematics, written in LaTeX (`$30{,}740{,}800 / 7{,}087{,}872 = 4.337$`), or
+  code (`eps=1e-5`), or in an exercise's answer that shows the program producing it (a `<details>` block with
+  a code block).
+
+Which numbers count: decimals, percentages, ratios (`1.6x`, `1.6×`) and counts of something measurable
+("39 characters", "3,000 steps", "56.2 tokens/s"). Small integers that name things (notebook 09, block 3,
+head 6) do not. The checker found the numeric claims of issue 28 before they were fixed;
+`test_the_claims_fixed_by_issue_28_are_caught` puts each one back and requires it to be named again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+OLD_CLAIMS = Path(__file__).with_name("prose_claims_before_issue_28.json")
+
+UNITS = (r"characters?|tokens?|steps?|nats|parameters|weights|seconds|minutes|hours|days|words|times|rows|"
+         r"passages|MB|GB|KB|ms|µs|s|tokens/s|GB/s|MB/s|FLOP/s|GFLOPs?|FLOPs?")
+NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+# A measured quantity in prose: a decimal, a percentage, a ratio, or a count with its unit.
+MEASURED = re.compile(rf"(?<![\w.$/-])(?P<percent>{NUMBER})\s?%|(?<![\w.$/-])(?P<value>{NUMBER})(?P<scale>[KMB]?)(?:x\b|×|(?=\s(?:{UNITS})\b))"
+                      rf"|(?<![\w.$/-])(?P<decimal>\d[\d,]*\.\d+(?:e[-+]?\d+)?)(?P<dscale>[KMB]?)(?![\w.]*\d)")
+ANY_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})")
+PERCENT = re.compile(rf"({NUMBER})\s?%")
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+MEASUREMENT_SOURCE = re.compile(r"benchmarks/|README", re.IGNORECASE)
+# Sources that are not runs of ours: a shipped model's card, a reference implementation's published settings,
+# a datasheet. Named in the sentence, they need no date.
+REFERENCE = re.compile(r"model card|card\.json|llm\.c|nanoGPT|build-nanogpt|datasheet|Hugging Face's|OpenAI")
+VERSION = re.compile(r"(?:PyTorch|Python|CUDA|torch|nbdev|TransformerLens|transformers|version) $")
+QUESTION = re.compile(r"^\W*Predict first", re.IGNORECASE)  # a question's options are not claims
+PAPER = re.compile(r"et al\.|\bpaper\b[^.]*\b(?:19|20)\d\d\b|\b(?:19|20)\d\d\b[^.]*\bpaper\b|\b[A-Z][\w-]+ (?:&|and) [A-Z][\w-]+,? \(?(?:19|20)\d\d\b|\((?:19|20)\d\d\)|, (?:19|20)\d\d\)")
+EXERCISE = "**Difficulty:**"
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*(_\[])|\n\s*\n")
+
+
+def _config_values() -> set[str]:
+    """The fields of GPT-2's four configurations: constants of every lesson (1024 tokens, 48 blocks, 50257)."""
+    from dataclasses import asdict
+
+    from course_lib.config import GPT2_CONFIGS
+
+    return {str(value) for config in GPT2_CONFIGS.values() for value in asdict(config).values()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+CONFIG_VALUES = _config_values()
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    notebook: str
+    cell: int
+    cell_id: str
+    number: str
+    sentence: str
+
+    def __str__(self) -> str:
+        return (f"{self.notebook}, cell {self.cell} (id {self.cell_id}): {self.number!r} is neither printed by the "
+                f"notebook nor given a source in its sentence: {self.sentence!r}")
+
+
+def _strip(markdown: str) -> str:
+    """The prose of a markdown cell: without code, LaTeX, link targets, HTML tags, headings and worked answers."""
+    markdown = re.sub(r"<details>(?=(?:(?!</details>).)*```).*?</details>", " ", markdown, flags=re.S)
+    markdown = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    markdown = re.sub(r"\$\$.*?\$\$", " ", markdown, flags=re.S)
+    markdown = re.sub(r"\$[^$]*\$", " ", markdown)
+    markdown = re.sub(r"`[^`]*`", lambda code: re.sub(r"\d", "#", code.group()), markdown)  # names stay, numbers go
+    markdown = re.sub(r"\]\([^)]*\)", "]", markdown)
+    markdown = re.sub(r"<[^>]+>", " ", markdown)
+    return re.sub(r"^#+ .*$", " ", markdown, flags=re.M)
+
+
+def _code_without_comments(source: str) -> str:
+    return "\n".join(line.split("#", 1)[0] for line in source.splitlines())
+
+
+def _values(text: str) -> set[str]:
+    return {match.group(1).replace(",", "") for match in ANY_NUMBER.finditer(text)}
+
+
+def _printed(value: str, known: set[str], scale: str = "") -> bool:
+    """Whether `value` (times `scale`: K, M or B) is among `known`, to the precision it is written with."""
+    if scale:  # 3.2M in prose matches 3,222,528 or 3.2 printed
+        factor = {"K": 1e3, "M": 1e6, "B": 1e9}[scale]
+        return _printed(value, known) or _printed(value, {f"{float(k) / factor:.6f}" for k in known if "e" not in k})
+    if value in known:
+        return True
+    try:
+        wanted = float(value)
+    except ValueError:
+        return False
+    if "e" in value:  # 1.2e-6 written in prose matches 1.2e-06, 1.21e-06 printed
+        digits = len(value.split("e")[0].partition(".")[2])
+        return any("e" in k and f"{float(k):.{digits}e}" == f"{wanted:.{digits}e}" for k in known)
+    decimals = len(value.partition(".")[2])
+    for k in known:
+        if "e" in k or len(k.partition(".")[2]) < decimals:
+            continue
+        if round(float(k), decimals) == wanted:
+            return True
+    return False
+
+
+def _decimals(value: str) -> int:
+    return len(value.partition(".")[2])
+
+
+def _sourced(sentence: str) -> bool:
+    return (bool(PAPER.search(sentence) or REFERENCE.search(sentence) or QUESTION.search(sentence))
+            or bool(MEASUREMENT_SOURCE.search(sentence) and DATE.search(sentence)))
+
+
+def _sentences(prose: str) -> list[tuple[str, str]]:
+    """(sentence, the text that vouches for it): a table row is vouched for by the sentence before the table."""
+    pieces, before = [], ""
+    for block in re.split(r"\n\s*\n", prose):
+        lines = block.splitlines()
+        table = [line for line in lines if line.lstrip().startswith("|")]
+        text = "\n".join(line for line in lines if not line.lstrip().startswith("|"))
+        for sentence in SENTENCE_END.split(text):
+            if sentence.strip():
+                pieces.append((sentence, sentence))
+                before = sentence
+        pieces.extend((row, before) for row in table)
+    return pieces
+
+
+def unsupported_numbers(path: Path, cells: list[dict] | None = None) -> list[Unsupported]:
+    """Every measured number in the markdown of the notebook at `path` that is neither printed nor sourced."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"] if cells is None else cells
+    known = set(CONFIG_VALUES)  # every number of GPT-2's configs, the code and the outputs
+    percents: set[str] = set()  # the percentages the outputs show
+    for cell in cells:
+        if cell["cell_type"] == "code":
+            known |= _values(_code_without_comments("".join(cell["source"])))
+            for output in cell.get("outputs", []):
+                text = "".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
+                known |= _values(text)
+                percents |= {m.group(1).replace(",", "") for m in PERCENT.finditer(text)}
+    found = []
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] != "markdown" or EXERCISE in "".join(cell["source"]):
+            continue  # an exercise's statement sets its own numbers: they are the task, not a claim
+        for sentence, voucher in _sentences(_strip("".join(cell["source"]))):
+            if _sourced(voucher) or _sourced(sentence):
+                continue
+            for match in MEASURED.finditer(sentence):
+                if VERSION.search(sentence[:match.start()]):
+                    continue
+                if match.group("percent"):  # 56 % matches a printed 56% or 0.56
+                    value = match.group("percent").replace(",", "")
+                    if _printed(value, percents) or _printed(f"{float(value) / 100:.{_decimals(value) + 2}f}", known):
+                        continue
+                else:
+                    value = (match.group("value") or match.group("decimal")).replace(",", "")
+                    if _printed(value, known, match.group("scale") or match.group("dscale") or ""):
+                        continue
+                found.append(Unsupported(path.name, index, cell.get("id", "?"), match.group(0),
+                                         " ".join(sentence.split())))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_number_in_the_prose_is_printed_or_sourced(path):
+    problems = unsupported_numbers(path)
+    assert not problems, "\n".join(map(str, problems))
+
+
+def test_the_claims_fixed_by_issue_28_are_caught():
+    """Each numeric claim of issue 28 (its items 1-3, 6, 10, 12 and 14), put back into today's notebook in place
+    of the cell that replaced it, is named by the checker again, by one of the numbers it used."""
+    claims = json.loads(OLD_CLAIMS.read_text(encoding="utf-8"))
+    assert len(claims) >= 7
+    for claim in claims:
+        path = ROOT / "notebooks" / claim["notebook"]
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        cells = [c for c in cells if c.get("id") != claim["replaced_by"]] + [
+            {"cell_type": "markdown", "id": "old", "source": claim["source"]}]
+        named = {problem.number for problem in unsupported_numbers(path, cells) if problem.cell_id == "old"}
+        assert named & set(claim["numbers"]), (f"issue 28 item {claim['item']} ({claim['notebook']}) is not caught: "
+                                               f"expected one of {claim['numbers']}, the checker named {named}")
+
+
+@pytest.mark.parametrize("sentence, caught", [
+    ("SDPA took 0.5 to 0.8 of the time (1.6x, 1.6x and 1.9x in the stored run).", True),
+    ("The space was penalised like most of the alphabet after 39 characters.", True),
+    ("At 1.34 the shipped model writes phrases.", True),
+    ("At 1.36 the shipped model writes phrases.", False),  # printed as 1.3593
+    ("`benchmarks/decode_limits.py` measured 50.0 tokens/s on 2026-11-24.", False),
+    ("`benchmarks/decode_limits.py` measured 50.0 tokens/s.", True),  # a measurement needs its date
+    ("Olsson et al. (2022) trained for 3,000 steps.", False),
+    ("The model in block 3 of notebook 09 has 4 heads.", False),  # names, not measurements
+    ("The ratio is $30{,}740{,}800 / 7{,}087{,}872 = 4.337$.", False),
+])
+def test_the_checker_itself(tmp_path, sentence, caught):
+    cells = [{"cell_type": "code", "source": "print(1.3593)", "outputs": [{"output_type": "stream",
+                                                                         "text": "1.3593\n"}]},
+             {"cell_type": "markdown", "id": "m", "source": sentence}]
+    path = tmp_path / "99_probe.ipynb"
+    path.write_text(json.dumps({"cells": cells}), encoding="utf-8")
+    assert bool(unsupported_numbers(path)) == caught
