@@ -1,11 +1,11 @@
 """What a lecturer sees, checked in a real browser with the network cut: the offline slide decks, JupyterLab
-running a notebook, and RISE's live slides.
+running a lesson to its figures, and RISE presenting the lesson live.
 
 Chromium comes from the system's packages (`apt-get install -y chromium` on Debian/Ubuntu; `.ci/run` installs it
 when missing); Playwright, from requirements.txt, drives it. Where no Chromium is found these tests are skipped
 with that instruction, unless COURSE_REQUIRE_BROWSER=1 (as in .ci/run), where they fail. Set COURSE_CHROMIUM to
-use another Chromium or Chrome binary. Screenshots of the decks' first slides are written to
-build/artifacts/."""
+use another Chromium or Chrome binary. Screenshots of the decks' first slides, of the lesson in JupyterLab and of
+its RISE slides are written to build/artifacts/ (a set is kept in docs/screenshots/)."""
 
 import json
 import os
@@ -25,7 +25,6 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
 from build_decks import build_decks
-from refresh_notebooks import mark_slides
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -65,9 +64,11 @@ class Visit:
     """A fresh page that lets through only the addresses `allowed` accepts, and records everything else a
     page tried to load, every request that failed and every error on the console."""
 
-    def __init__(self, browser, allowed, name):
+    def __init__(self, browser, allowed, name, zoom=1.0):
         self.name = name
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        # a 1280 x 800 screen (a projector's), the page zoomed in by `zoom` as a browser's Ctrl + does
+        self.context = browser.new_context(viewport={"width": round(1280 / zoom), "height": round(800 / zoom)},
+                                           device_scale_factor=zoom)
         self.blocked, self.failed, self.errors = [], [], []
 
         def route(request_route):
@@ -174,18 +175,47 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The lesson the JupyterLab and RISE tests open: it runs in seconds and draws its first figure (GELU against ReLU)
+# on its third slide. The tests open copies without outputs, so every figure they see was drawn in this run.
+LESSON = ROOT / "notebooks" / "04_gelu_feedforward.ipynb"
+ZOOM = 1.25  # the lecture's pages, zoomed in as a lecturer does for the back of the hall
+STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"  # errors, tracebacks, warnings
+
+
+def lesson_facts(path):
+    """The lesson's title, its number of code cells that show their code (a hidden solution shows no prompt), its
+    number of figures and the first line of the cell that draws the first one, as committed."""
+    cells = nbformat.read(path, as_version=4).cells
+    code = [c for c in cells if c.cell_type == "code"]
+    shown = [c for c in code if not c.metadata.get("jupyter", {}).get("source_hidden")]
+    drawn = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
+    assert drawn, f"{path.name} draws no figure: choose another lesson for the browser tests"
+    title = next(c for c in cells if c.cell_type == "markdown").source.splitlines()[0].lstrip("# ").strip()
+    return title, len(shown), len(drawn), drawn[0].source.splitlines()[0]
+
+
 @pytest.fixture(scope="module")
 def jupyterlab(tmp_path_factory):
-    """A JupyterLab server on a free loopback port, serving a folder with one small notebook."""
+    """A JupyterLab server on a free loopback port, serving two copies of the lesson without outputs: lab/ for
+    JupyterLab, slides/ for RISE (each with its own kernel). The committed notebook is never opened."""
     folder = tmp_path_factory.mktemp("lab")
-    cells = [nbformat.v4.new_markdown_cell("# Smoke test\n\nThe course's config, imported: $d_{model}$"),
-             nbformat.v4.new_code_cell("from course_lib.config import GPTConfig\nprint(GPTConfig().emb_dim * 7)")]
-    notebook = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {
-        "name": "python3", "display_name": "Python 3", "language": "python"}})
-    mark_slides(notebook)  # the slide types and RISE settings every course notebook carries
-    nbformat.write(notebook, folder / "smoke.ipynb")
+    notebook = nbformat.read(LESSON, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    for sub in ("lab", "slides"):
+        (folder / sub).mkdir()
+        nbformat.write(notebook, folder / sub / LESSON.name)
+    # No "get notified about Jupyter news?" toast over the lesson (news_url=None already stops the request)
+    settings = folder / ".config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     port, token = free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / ".runtime"), "JUPYTER_CONFIG_DIR": str(folder / ".config")}
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / ".runtime"), "JUPYTER_CONFIG_DIR": str(folder / ".config"),
+           "JUPYTERLAB_SETTINGS_DIR": str(folder / ".config" / "lab" / "user-settings"),
+           # The kernels inherit these: one thread, as nbval's kernels, and a fresh IPython profile, as on a
+           # learner's machine (not the test session's, whose figure check nbval applies to every notebook).
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "IPYTHONDIR": str(folder / ".ipython")}
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--ServerApp.port={port}",
          "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={folder}",
@@ -211,45 +241,140 @@ def jupyterlab(tmp_path_factory):
     server.wait(timeout=30)
 
 
-def test_jupyterlab_opens_a_notebook_and_runs_a_cell(browser, jupyterlab):
+def kernel_idle(url, token, path, timeout=90):
+    """Wait until the server has a kernel for the notebook at `path` and that kernel is idle."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/api/sessions?token={token}", timeout=5) as answer:
+            states = [s["kernel"]["execution_state"] for s in json.load(answer) if s["path"] == path]
+        if states == ["idle"]:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"no idle kernel for {path} after {timeout} s")
+
+
+def figure_shown(page, image):
+    """Scroll a figure into view and return its PNG source and its size as drawn, once it has loaded."""
+    image.scroll_into_view_if_needed()
+    page.wait_for_function("i => i.complete && i.naturalWidth > 0", arg=image.element_handle(), timeout=30_000)
+    return image.evaluate("i => [i.src.slice(0, 22), i.naturalWidth, i.getBoundingClientRect().width]")
+
+
+def test_jupyterlab_runs_a_lesson_and_draws_its_figures(browser, jupyterlab):
     url, token = jupyterlab
-    with Visit(browser, lambda u: u.startswith((url, "data:", "blob:")), "jupyterlab") as visit:
+    title, n_code, n_figures, _ = lesson_facts(LESSON)
+    with Visit(browser, lambda u: u.startswith((url, "data:", "blob:")), "jupyterlab", zoom=ZOOM) as visit:
         page = visit.page
-        page.goto(f"{url}/lab/tree/smoke.ipynb?token={token}")
+        page.goto(f"{url}/lab/tree/lab/{LESSON.name}?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=90_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        # JupyterLab may ask which kernel to start ("Select Kernel"), at once or when the first run is asked for
-        # while it is still connecting, and drop that run: accept its choice and run again, as a person would.
+        assert page.locator(".jp-Notebook h1").first.text_content().startswith(title)
+        assert page.locator(".jp-Notebook .jp-OutputArea-output img").count() == 0  # the copy has no outputs
+        # Run > Run All Cells, from the menu as a lecturer does. JupyterLab may ask which kernel to start ("Select
+        # Kernel"), at once or when a run is asked for while it is still connecting, and drop that run: accept its
+        # choice and ask again, as a person would.
         prompt, dialog = page.locator(".jp-CodeCell .jp-InputPrompt").first, page.locator(".jp-Dialog")
         for _ in range(10):
             if dialog.count():
                 dialog.locator("button.jp-mod-accept").click()
                 dialog.wait_for(state="detached", timeout=30_000)
-            page.locator(".jp-CodeCell .cm-content").first.click()
-            page.keyboard.press("Control+Enter")  # run the cell and stay on it
             try:
+                page.get_by_role("menuitem", name="Run", exact=True).click(timeout=10_000)
+                page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click(timeout=10_000)
                 page.wait_for_function("p => /\\[[0-9*]+\\]/.test(p.textContent)", arg=prompt.element_handle(),
                                        timeout=10_000)
                 break
             except PlaywrightTimeout:
                 continue
-        output = page.locator(".jp-CodeCell .jp-OutputArea-output").first
-        output.wait_for(timeout=90_000)
-        assert output.inner_text().strip() == "5376"
+        # the last code cell ran (Run All stops at the first error, so wait for that too), none shows an error,
+        # and every code cell that shows its code has a number
+        page.wait_for_function(
+            """s => document.querySelector(s) || /\\[[0-9]+\\]/.test(
+                   [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].at(-1).textContent)""",
+            arg=STDERR, timeout=120_000)
+        errors = page.locator(STDERR)
+        assert errors.count() == 0, f"{LESSON.name}: a cell shows an error:\n{errors.first.text_content()[-2000:]}"
+        prompts = [t.strip() for t in page.locator(".jp-CodeCell .jp-InputPrompt").all_text_contents() if t.strip()]
+        assert len(prompts) == n_code and all(re.fullmatch(r"\[[0-9]+\]:", t) for t in prompts), prompts
+        # every figure the lesson draws was drawn again here, as a PNG image in the notebook
+        images = page.locator(".jp-Notebook .jp-OutputArea-output img")
+        assert images.count() == n_figures
+        source, natural, drawn = figure_shown(page, images.first)
+        assert source == "data:image/png;base64," and natural > 500 and drawn > 500
+        page.keyboard.press("Control+b")  # hide the file browser, as a lecturer does, to give the figure the room
+        page.wait_for_timeout(500)  # the panel's animation
+        images.first.evaluate("i => i.scrollIntoView({block: 'end'})")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=ARTIFACTS / "jupyterlab.png")
+        page.screenshot(path=ARTIFACTS / f"jupyterlab_{LESSON.stem}.png")
         # RISE's button, which opens the notebook as slides, is in the notebook's toolbar
         assert page.locator("[data-jp-item-name='RISE-button'] [data-command='RISE:preview']").count() == 1
         assert visit.blocked == [], f"JupyterLab asked the network for {visit.blocked}"
 
 
-def test_rise_presents_the_notebook_live(browser, jupyterlab):
+def test_rise_presents_the_lesson_live(browser, jupyterlab):
     url, token = jupyterlab
-    with Visit(browser, lambda u: u.startswith((url, "data:", "blob:")), "rise") as visit:
+    title, _, _, figure_line = lesson_facts(LESSON)
+    with Visit(browser, lambda u: u.startswith((url, "data:", "blob:")), "rise", zoom=ZOOM) as visit:
         page = visit.page
-        page.goto(f"{url}/rise/smoke.ipynb?token={token}")
-        page.wait_for_selector(".reveal .slides section", timeout=90_000)
-        assert "smoke test" in page.locator(".reveal .slides").inner_text().lower()
+        page.goto(f"{url}/rise/slides/{LESSON.name}?token={token}")
+        page.wait_for_selector(".reveal .slides section.present .jp-Cell", timeout=90_000)
+        # the first slide is the lesson's title slide
+        assert page.locator(".reveal .slides section.present h1").first.text_content().startswith(title)
+        assert page.locator(".reveal .jp-OutputArea-output img").count() == 0  # the copy has no outputs
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=ARTIFACTS / "rise.png")
+        page.screenshot(path=ARTIFACTS / f"rise_{LESSON.stem}_title.png")
+
+        # The lecturer runs the lesson from the slides: Shift+Enter runs the selected cell and moves on, slide after
+        # slide, up to the cell that draws the first figure; Space shows that cell (a fragment), Ctrl+Enter runs it
+        # where it stands.
+        kernel_idle(url, token, f"slides/{LESSON.name}")
+        page.locator(".reveal .slides section.present .jp-MarkdownCell").first.click()
+        selected = "() => document.querySelector('.jp-Cell.jp-mod-selected')?.textContent ?? ''"
+        for _ in range(40):
+            if figure_line in page.evaluate(selected):
+                break
+            before = page.evaluate(selected)
+            page.keyboard.press("Shift+Enter")
+            page.wait_for_function(f"b => ({selected})() !== b", arg=before, timeout=30_000)
+        else:
+            pytest.fail(f"Shift+Enter never reached the cell that starts with {figure_line!r}")
+        cell = page.locator(".reveal .slides section.present .jp-CodeCell.jp-mod-selected")
+        if not cell.is_visible():  # a fragment not shown yet
+            page.keyboard.press("Space")
+            cell.wait_for(state="visible")
+        page.keyboard.press("Control+Enter")
+        # the cell ran (its number comes once all its outputs are in) or a cell shows an error
+        page.wait_for_function("([p, s]) => document.querySelector(s) || /\\[[0-9]+\\]/.test(p.textContent)",
+                               arg=[cell.locator(".jp-InputPrompt").element_handle(), STDERR], timeout=90_000)
+        errors = page.locator(STDERR)
+        assert errors.count() == 0, f"{LESSON.name}: a cell shows an error:\n{errors.first.text_content()[-2000:]}"
+        figure = page.locator(".reveal .slides section.present .jp-CodeCell", has_text=figure_line).locator(
+            ".jp-OutputArea-output img")
+        assert figure.count() == 1, f"the cell that starts with {figure_line!r} drew no figure on its slide"
+        source, natural, drawn = figure_shown(page, figure)
+        assert source == "data:image/png;base64," and natural > 500 and drawn > 500
+
+        # RISE makes a slide taller than the screen scrollable when the slide is entered, not when an output makes
+        # it taller: step to the next slide and back, as a lecturer does, and scroll down to the figure.
+        page.keyboard.press("ArrowRight")
+        figure.wait_for(state="detached")
+        for _ in range(5):  # a key pressed during the slide transition may be lost
+            page.keyboard.press("ArrowLeft")
+            try:
+                figure.wait_for(state="attached", timeout=3_000)
+                break
+            except PlaywrightTimeout:
+                continue
+        else:
+            pytest.fail("ArrowLeft did not go back to the figure's slide")
+        settled = "() => document.getAnimations().every(a => a.playState !== 'running')"  # the slide transition
+        page.wait_for_function(settled, timeout=10_000)
+        screen = page.viewport_size
+        page.mouse.move(screen["width"] / 2, screen["height"] / 2)
+        box = figure.bounding_box()
+        page.mouse.wheel(0, box["y"] + box["height"] - screen["height"] + 10)
+        page.wait_for_function("i => { const r = i.getBoundingClientRect(); return r.top >= 0 && r.bottom <= "
+                               "innerHeight; }", arg=figure.element_handle(), timeout=10_000)
+        page.wait_for_function(settled, timeout=10_000)
+        page.screenshot(path=ARTIFACTS / f"rise_{LESSON.stem}_figure.png")
         assert visit.blocked == [], f"RISE asked the network for {visit.blocked}"
