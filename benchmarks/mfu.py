@@ -23,12 +23,14 @@ only approximates the timed MFU.
 """
 
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from common import (Run, build_pair, count_params, course_logits, hf_logits, make_train_step, median,
                     parse_args, print_table, random_batch, summarize, time_interleaved)
+from course_lib.distributed import flops_per_token as model_flops_per_token
 from profile_train_step import self_cpu_ms
 
 PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm")  # the matrix products; flop_counter does not count the CPU's
@@ -75,9 +77,10 @@ def main():
                        next((f"{op} in the step" for op, r in rates.items() if r == peak), ""))
 
     params = count_params(course)
+    # notebook 13's 6N + 12LTd, with T the tokens per row trained here
+    flops_per_token = model_flops_per_token(replace(course.cfg, context_length=tokens), params)
     flops_6n = 6 * params
-    flops_attention = 12 * n_layers * tokens * emb_dim
-    flops_per_token = flops_6n + flops_attention
+    flops_attention = flops_per_token - flops_6n
     rows = [[f"torch.mm {n}x{n} float32", "", f"{p / 1e9:.1f}", "peak" if p == peak else ""]
             for n, p in peak_by_size.items()]
     if peak_source.endswith("in the step"):

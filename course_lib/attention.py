@@ -13,8 +13,8 @@ from einops import rearrange
 from fancy_einsum import einsum
 from torch import Tensor, nn
 
-from .config import GPTConfig
-from .guards import (check_activations, check_attention_mask, check_bool, check_config, check_int,
+from .config import GPTConfig, check_config
+from .guards import (check_activations, check_attention_mask, check_bool, check_int,
                                check_number, check_type)
 
 # %% ../notebooks/05_attention.ipynb #1b4b16fd

@@ -7,9 +7,9 @@ __all__ = ['TransformerBlock']
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .config import GPTConfig
+from .config import GPTConfig, check_config
 from .feedforward import FeedForward
-from .guards import check_config
+
 from .normalization import LayerNorm
 
 # %% ../notebooks/06_transformer_block.ipynb #f295a71b

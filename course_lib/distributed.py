@@ -25,9 +25,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .config import GPT2_CONFIGS, GPTConfig
-from .guards import EOS_ID, as_device, check_int, check_number, check_type
+from .guards import as_device, check_int, check_number, check_type
 from .model import GPTModel
-from .tokenization import CharTokenizer, gpt2_tokenizer
+from .tokenization import EOS_ID, CharTokenizer, gpt2_tokenizer
 from .training import (TrainConfig, batch_loss, load_shakespeare, lr_at, make_optimizer,
                                  tokenizer_from_state, tokenizer_state)
 

@@ -9,8 +9,8 @@ import math
 import torch
 from torch import nn
 
-from .config import GPTConfig
-from .guards import check_config, check_int, check_positions, check_token_tensor
+from .config import GPTConfig, check_config
+from .guards import check_int, check_positions, check_token_tensor
 
 # %% ../notebooks/02_embeddings.ipynb #c0132a13
 class SinusoidalPositionalEmbedding(nn.Module):

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GPTConfig
-from .guards import check_activations, check_config
+from .config import GPTConfig, check_config
+from .guards import check_activations
 
 # %% ../notebooks/04_gelu_feedforward.ipynb #6be3d048
 class GELU(nn.Module):

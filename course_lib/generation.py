@@ -14,8 +14,9 @@ from torch import Tensor, nn
 
 from .attention import KVCache
 from .config import GPTConfig
-from .guards import EOS_ID, check_bool, check_int, check_number, check_token_tensor, check_type
+from .guards import check_bool, check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
+from .tokenization import EOS_ID
 
 # %% ../notebooks/08_generation.ipynb #5880a384
 def check_generation_args(model: nn.Module, token_ids: Tensor, max_new_tokens: int,

@@ -1,4 +1,6 @@
-"""Not a lesson: the argument checks that every lesson module shares, and GPT-2's end-of-text id.
+"""Not a lesson: the argument checks that every lesson module shares. It checks plain values and tensors and
+imports nothing from the course, so every module can use it (the config's own check, `check_config`, lives in
+config.py; GPT-2's end-of-text id, `EOS_ID`, in tokenization.py).
 
 A lesson's code calls one guard per argument in one line, then shows its mathematics. Each guard raises
 TypeError (the wrong kind of value) or ValueError (the right kind, an impossible value) with a message that
@@ -9,9 +11,6 @@ import math
 
 import torch
 from torch import Tensor
-
-EOS_ID = 50256  # GPT-2's <|endoftext|>: it separates documents in the training data
-
 
 def check_int(name: str, value, minimum: int | None = None) -> None:
     """An int (a bool is not accepted), at least `minimum` when one is given."""
@@ -55,13 +54,6 @@ def as_device(device) -> torch.device:
                          f"{device!r}") from error
 
 
-def check_config(cfg) -> None:
-    """A GPTConfig: every class that is part of the GPT is built from one."""
-    from course_lib.config import GPTConfig  # here, not at the top: config.py itself imports the guards
-
-    check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
-
-
 def check_activations(name: str, x, size: int | None = None, dims: int | None = None,
                       dtype: torch.dtype | None = None) -> None:
     """A floating-point tensor; with `size`, its last dimension has that many entries; with `dims`, it has
@@ -91,7 +83,7 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
                         "ids with torch.tensor(...)")
     if ids.numel() == 0:  # before the dtype: torch.tensor([[]]), an empty prompt, is float32
         raise ValueError(f"{name} is empty, shape {tuple(ids.shape)}: pass at least one token (to start from "
-                         f"nothing, use <|endoftext|>, id {EOS_ID})")
+                         "nothing, use <|endoftext|>, id 50256)")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}: convert with .long()")
     if ids.dim() != dims:

@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from .attention import KVCache
 from .block import TransformerBlock
-from .config import GPTConfig
+from .config import GPTConfig, check_config
 from .embeddings import GPTEmbedding
-from .guards import check_attention_mask, check_bool, check_config, check_int, check_type
+from .guards import check_attention_mask, check_bool, check_int, check_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462

@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .config import GPTConfig, get_device
-from .guards import EOS_ID, as_device, check_type
+from .guards import as_device, check_type
 from .model import GPTModel
-from .tokenization import DATA_DIR, CharTokenizer
+from .tokenization import DATA_DIR, EOS_ID, CharTokenizer
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #b5314d79
 # One row per parameter: our name, Hugging Face's name, which third of the fused c_attn tensor it is

@@ -21,7 +21,7 @@ from course_lib.distributed import (
     accumulation_steps, evaluate_shards, flops_per_token, load_run, main, matmul_peak, pick_device_and_backend,
     prepare, pretrain, read_header, read_shard, save_run, write_shard,
 )
-from course_lib.guards import EOS_ID
+from course_lib.tokenization import EOS_ID
 from course_lib.model import GPTModel
 from course_lib.tokenization import CharTokenizer, gpt2_tokenizer
 from course_lib.training import load_shakespeare, make_optimizer

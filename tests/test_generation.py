@@ -10,7 +10,7 @@ from course_lib.config import GPTConfig
 from course_lib.generation import (StaticKVCache, check_generation_args, check_generator, check_logits,
                                    check_sampling_args, eval_mode, generate, generate_text_simple, sample_next_token,
                                    scale_logits, top_k_filter, top_p_filter)
-from course_lib.guards import EOS_ID
+from course_lib.tokenization import EOS_ID
 from course_lib.model import GPTModel
 
 CFG = GPTConfig(vocab_size=97, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.1)
