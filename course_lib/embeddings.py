@@ -63,8 +63,10 @@ class GPTEmbedding(nn.Module):
         self.drop_emb = nn.Dropout(cfg.drop_rate)
 
     def forward(self, token_ids: torch.Tensor, start_pos: int = 0, positions: torch.Tensor | None = None) -> torch.Tensor:
-        check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.tok_emb.num_embeddings,
-                           device=self.tok_emb.weight.device)  # reads the ids' min and max once per call
+        # reading the ids' values is free only on the CPU and outside a compiled graph
+        readable = not torch.compiler.is_compiling() and getattr(token_ids, "device", None) == torch.device("cpu")
+        check_token_tensor("token_ids", token_ids, dims=2, device=self.tok_emb.weight.device,
+                           vocab_size=self.tok_emb.num_embeddings if readable else None)
         check_int("start_pos", start_pos, minimum=0)
         num_tokens, context_length = token_ids.shape[1], self.pos_emb.num_embeddings
         if positions is not None:

@@ -193,3 +193,24 @@ def test_a_left_padded_batch_gives_each_row_its_own_logits():
         for i, r in enumerate(rows):
             assert torch.allclose(padded[i, 5 - len(r):], model(torch.tensor([r]))[0], atol=1e-5)
         assert not torch.allclose(model(ids)[1, 3:], model(torch.tensor([rows[1]]))[0], atol=1e-3)  # no mask: wrong
+
+
+def test_the_forward_runs_as_one_compiled_graph_in_training_and_in_cached_decoding():
+    """Nothing in GPTModel's forward reads a tensor back to the host under torch.compile (a graph break there is a
+    host synchronisation on a GPU): one graph for a training forward and for each cached decoding step, with the
+    growing cache of notebook 05 and the static one of notebook 08. Outside compile, on the CPU, the model still
+    reads the ids and names one outside the vocabulary (test_bad_token_ids_are_caught_by_the_embedding)."""
+    from course_lib.generation import StaticKVCache
+
+    model = small_model(tie_weights=True)
+    ids = torch.randint(0, SMALL.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    for mode in (model.train, model.eval):
+        mode()
+        explained = torch._dynamo.explain(model)(ids)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), [r.reason for r in explained.break_reasons]
+    for cache_type in (KVCache, lambda: StaticKVCache(SMALL.context_length)):
+        caches = [cache_type() for _ in range(SMALL.n_layers)]
+        model(ids, kv_caches=caches)  # the prompt
+        for step in range(3):  # then one token at a time, each step its own explanation
+            explained = torch._dynamo.explain(model)(ids[:, step:step + 1], kv_caches=caches, last_only=True)
+            assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
