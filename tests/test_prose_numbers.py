@@ -2,21 +2,23 @@
 (COURSE_GUIDE.md section 3).
 
 A number in a markdown cell passes when
-* it appears in the notebook's stored outputs or as a literal in its code (a config value, a seed, a loop's
-  range), to the precision the prose gives (prose 1.36 matches a printed 1.3593; prose 1.34 does not);
-* or its sentence names where it comes from: a paper (an author and a year, "Olsson et al., 2022"), or a
-  measurement outside the notebook with its date ("`benchmarks/decode_limits.py`, 2026-11-24", the README's
-  Performance section with a date, the model card). A table is judged by the sentence that introduces it;
+* it appears in the notebook's stored outputs, as a literal in its code (a seed, a loop's range) or among the
+  fields of GPT-2's configurations, to the precision the prose gives (prose 1.36 matches a printed 1.3593; prose
+  1.34 does not; 56 % matches a printed 0.56; 3.2M matches 3,222,528);
+* or its sentence names where it comes from: a paper (an author and a year, "Olsson et al., 2022"), a reference
+  implementation, a datasheet or a model card, or a measurement of ours with its date ("`benchmarks/
+  decode_limits.py` ... 2026-11-24", the README's Performance section and a date). A table is judged by the
+  sentence that introduces it;
 * or it is part of the lesson's mathematics, written in LaTeX (`$30{,}740{,}800 / 7{,}087{,}872 = 4.337$`), or
-  code (`eps=1e-5`), or in an exercise's answer that shows the program producing it (a `<details>` block with
-  a code block).
+  code (`eps=1e-5`), or a version (PyTorch 2.13), or sits in an exercise's statement or a "Predict first"
+  question (the task, not a claim), or in an exercise's answer that shows the program producing it (a
+  `<details>` block with a code block).
 
 Which numbers count: decimals, percentages, ratios (`1.6x`, `1.6×`) and counts of something measurable
 ("39 characters", "3,000 steps", "56.2 tokens/s"). Small integers that name things (notebook 09, block 3,
-head 6) do not. The checker found the numeric claims of issue 28 before they were fixed;
-`test_the_claims_fixed_by_issue_28_are_caught` puts each one back and requires it to be named again.
+head 6) do not. `test_the_claims_fixed_by_issue_28_are_caught` puts the numeric claims of issue 28 back and
+requires each to be named again.
 """
-
 from __future__ import annotations
 
 import json
@@ -34,8 +36,10 @@ UNITS = (r"characters?|tokens?|steps?|nats|parameters|weights|seconds|minutes|ho
          r"passages|MB|GB|KB|ms|µs|s|tokens/s|GB/s|MB/s|FLOP/s|GFLOPs?|FLOPs?")
 NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 # A measured quantity in prose: a decimal, a percentage, a ratio, or a count with its unit.
-MEASURED = re.compile(rf"(?<![\w.$/-])(?P<percent>{NUMBER})\s?%|(?<![\w.$/-])(?P<value>{NUMBER})(?P<scale>[KMB]?)(?:x\b|×|(?=\s(?:{UNITS})\b))"
-                      rf"|(?<![\w.$/-])(?P<decimal>\d[\d,]*\.\d+(?:e[-+]?\d+)?)(?P<dscale>[KMB]?)(?![\w.]*\d)")
+ALONE = r"(?<![\w.$/-])"  # not part of a word, a path, a formula or a longer number
+MEASURED = re.compile(rf"{ALONE}(?P<percent>{NUMBER})\s?%"
+                      rf"|{ALONE}(?P<value>{NUMBER})(?P<scale>[KMB]?)(?:x\b|×|(?=\s(?:{UNITS})\b))"
+                      rf"|{ALONE}(?P<decimal>\d[\d,]*\.\d+(?:e[-+]?\d+)?)(?P<dscale>[KMB]?)(?![\w.]*\d)")
 ANY_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})")
 PERCENT = re.compile(rf"({NUMBER})\s?%")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
@@ -45,7 +49,9 @@ MEASUREMENT_SOURCE = re.compile(r"benchmarks/|README", re.IGNORECASE)
 REFERENCE = re.compile(r"model card|card\.json|llm\.c|nanoGPT|build-nanogpt|datasheet|Hugging Face's|OpenAI")
 VERSION = re.compile(r"(?:PyTorch|Python|CUDA|torch|nbdev|TransformerLens|transformers|version) $")
 QUESTION = re.compile(r"^\W*Predict first", re.IGNORECASE)  # a question's options are not claims
-PAPER = re.compile(r"et al\.|\bpaper\b[^.]*\b(?:19|20)\d\d\b|\b(?:19|20)\d\d\b[^.]*\bpaper\b|\b[A-Z][\w-]+ (?:&|and) [A-Z][\w-]+,? \(?(?:19|20)\d\d\b|\((?:19|20)\d\d\)|, (?:19|20)\d\d\)")
+YEAR = r"\b(?:19|20)\d\d\b"
+PAPER = re.compile(rf"et al\.|\bpaper\b[^.]*{YEAR}|{YEAR}[^.]*\bpaper\b|\b[A-Z][\w-]+ (?:&|and) [A-Z][\w-]+,? \(?{YEAR}"
+                   rf"|\({YEAR}\)|, {YEAR}\)")
 EXERCISE = "**Difficulty:**"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*(_\[])|\n\s*\n")
 
