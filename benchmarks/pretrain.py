@@ -24,7 +24,7 @@ import torch
 
 from common import REPO_ROOT, Run, median, parse_args, print_table
 
-from course_lib.distributed import prepare
+from course_lib.shards import prepare
 from course_lib.tokenization import CharTokenizer
 from course_lib.training import load_shakespeare
 

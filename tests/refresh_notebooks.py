@@ -24,6 +24,7 @@ from jupyter_client.manager import KernelManager
 from fastcore.xtras import working_directory
 from nbclient import NotebookClient
 from nbdev.export import nb_export
+from nbdev.maker import ModuleMaker
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,12 +41,20 @@ def export(root: Path = ROOT) -> list[Path]:
 
     `nbdev-export` itself also rewrites course_lib/__init__.py, adds a symbol index (_modidx.py) and an
     llms.txt for a documentation site the course does not build: calling its per-notebook exporter keeps
-    course_lib to the lesson modules alone."""
+    course_lib to the lesson modules alone.
+
+    A notebook may export a second module (`#| export shards` in notebook 13). nbdev writes such a module as an
+    addition to a file another notebook made; in this course every module has exactly one notebook, so each one
+    is written whole, from its cells alone, like the notebook's own `default_exp` module."""
     notebooks = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     with working_directory(root):  # nbdev reads its settings from the pyproject.toml it finds here
         for path in notebooks:
-            nb_export(path, lib_path=root / "course_lib")
+            nb_export(path, lib_path=root / "course_lib", mod_maker=_whole_module)
     return notebooks
+
+
+def _whole_module(*args, is_new: bool, **kwargs) -> ModuleMaker:
+    return ModuleMaker(*args, is_new=True, **kwargs)
 
 
 def slide_type(cell, previous: str | None) -> str:

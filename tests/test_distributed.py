@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from course_lib.distributed import (
-    HEADER_BYTES, PRESETS, RUN_CHECKPOINT_FORMAT, SHARD_MAGIC, RunConfig, ShardHeader, ShardLoader,
-    accumulation_steps, evaluate_shards, flops_per_token, load_run, main, matmul_peak, pick_device_and_backend,
-    prepare, pretrain, read_header, read_shard, save_run, write_shard,
+    PRESETS, RUN_CHECKPOINT_FORMAT, RunConfig, accumulation_steps, evaluate_shards, flops_per_token, load_run, main,
+    matmul_peak, pick_device_and_backend, pretrain, save_run,
 )
-from course_lib.tokenization import EOS_ID
 from course_lib.model import GPTModel
+from course_lib.shards import (HEADER_BYTES, SHARD_MAGIC, ShardHeader, ShardLoader, prepare, read_header, read_shard,
+                               write_shard)
+from course_lib.tokenization import EOS_ID
 from course_lib.tokenization import CharTokenizer, gpt2_tokenizer
 from course_lib.training import load_shakespeare, make_optimizer
 
