@@ -18,7 +18,8 @@ import tokenize
 from common import REPO_ROOT, print_table
 
 LESSON_MODULES = ["config", "tokenization", "embeddings", "normalization", "feedforward", "attention", "block",
-                  "model", "generation", "training", "pretrained"]
+                  "model", "generation", "training", "pretrained", "decoding", "interpretability", "distributed",
+                  "shards"]
 
 
 def code_lines(source: str, tree: ast.Module) -> set[int]:
@@ -63,24 +64,26 @@ def count(source: str) -> tuple[int, int, int]:
 
 
 def sources(commit: str | None) -> dict[str, str]:
-    def read(module):
+    def read(module):  # "" for a module that did not exist yet (shards.py before notebook 13 was split)
         if commit is None:
-            return (REPO_ROOT / "course_lib" / f"{module}.py").read_text(encoding="utf-8")
-        return subprocess.run(["git", "show", f"{commit}:course_lib/{module}.py"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, check=True).stdout
-    return {module: read(module) for module in LESSON_MODULES}
+            path = REPO_ROOT / "course_lib" / f"{module}.py"
+            return path.read_text(encoding="utf-8") if path.exists() else ""
+        shown = subprocess.run(["git", "show", f"{commit}:course_lib/{module}.py"], cwd=REPO_ROOT,
+                               capture_output=True, text=True)
+        return shown.stdout if shown.returncode == 0 else ""
+    return {module: read(module) for module in [*LESSON_MODULES, "guards"]}
 
 
 def main(args: list[str]) -> None:
     commits = [*args[:1], None]  # an earlier commit first, if given, then the working tree
     counts = {commit: {m: count(s) for m, s in sources(commit).items()} for commit in commits}
     rows = []
-    for module in [*LESSON_MODULES, "all"]:
+    for module in [*LESSON_MODULES, "all", "guards"]:  # "all": the lesson modules; guards.py is what they call
         row = [module]
         for commit in commits:
-            code, guard, total = (tuple(map(sum, zip(*counts[commit].values()))) if module == "all"
-                                  else counts[commit][module])
-            row += [f"{guard} of {code} ({100 * guard / code:.0f}%)", str(total)]
+            code, guard, total = (tuple(map(sum, zip(*(counts[commit][m] for m in LESSON_MODULES))))
+                                  if module == "all" else counts[commit][module])
+            row += [f"{guard} of {code} ({100 * guard / code:.0f}%)" if code else "-", str(total)]
         rows.append(row)
     headers = ["module"]
     for commit in commits:
