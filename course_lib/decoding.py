@@ -27,13 +27,13 @@ def ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
     check_int("n", n, minimum=1)
     return [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
 
-
+# %% ../notebooks/11_decoding.ipynb #f9bf54d7-1
 def distinct_n(ids: list[int], n: int) -> float:
     """The share of n-grams in `ids` that are different from each other: 1.0 = no n-gram repeats."""
     grams = ngrams(ids, n)
     return len(set(grams)) / len(grams) if grams else 1.0
 
-
+# %% ../notebooks/11_decoding.ipynb #f9bf54d7-2
 def repeated_ngram_share(ids: list[int], n: int) -> float:
     """The share of n-grams that already occurred earlier in `ids` (a text stuck in a loop tends to 1)."""
     grams, seen, repeats = ngrams(ids, n), set(), 0
@@ -53,7 +53,7 @@ def check_history(token_ids: Tensor, logits: Tensor) -> None:
         raise ValueError(f"token_ids must be (batch, tokens) with the batch of logits {tuple(logits.shape)}, got "
                          f"shape {tuple(token_ids.shape)}: pass the sequences the logits continue")
 
-
+# %% ../notebooks/11_decoding.ipynb #d3fc1c33-1
 def penalize_repetition(logits: Tensor, token_ids: Tensor, penalty: float) -> Tensor:
     """CTRL's rule (Keskar et al., 2019): for every token already in its row of token_ids, a positive logit is
     divided by `penalty` and a negative one multiplied by it, so a penalty > 1 makes it less likely either way."""
@@ -110,7 +110,7 @@ def check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequen
     for name, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
         check_number(name, value, -2, 2, why="the OpenAI API allows -2 to 2; 0 turns the penalty off")
 
-
+# %% ../notebooks/11_decoding.ipynb #a8136899-1
 def penalize(logits: Tensor, token_ids: Tensor, prompt_len: int, repetition_penalty: float,
              no_repeat_ngram_size: int, frequency_penalty: float, presence_penalty: float) -> Tensor:
     """Apply the penalties that are switched on to next-token logits (batch, vocab_size), in Hugging Face's order;
@@ -123,7 +123,7 @@ def penalize(logits: Tensor, token_ids: Tensor, prompt_len: int, repetition_pena
         logits = penalize_frequency(logits, token_ids[:, prompt_len:], frequency_penalty, presence_penalty)
     return logits
 
-
+# %% ../notebooks/11_decoding.ipynb #a8136899-2
 def warp_logits(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
                 min_p: float | None = None) -> Tensor:
     """Temperature (> 0), then top-k, top-p and min-p, in Hugging Face's order: the logits a token is drawn from."""
@@ -136,7 +136,7 @@ def warp_logits(logits: Tensor, temperature: float, top_k: int | None = None, to
         logits = min_p_filter(logits, min_p)
     return logits
 
-
+# %% ../notebooks/11_decoding.ipynb #a8136899-3
 def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
                  min_p: float | None, generator: torch.Generator | None) -> Tensor:
     """sample_next_token, with min-p after top-p: (batch, vocab_size) -> (batch, 1); temperature 0 is greedy."""
@@ -191,7 +191,7 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
         if eos_id is not None and bool(finished.all()):
             return
 
-
+# %% ../notebooks/11_decoding.ipynb #a9674537-1
 def generate_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, **settings) -> Tensor:
     """All of stream_tokens at once: (batch, tokens) -> (batch, tokens + new)."""
     return torch.cat([token_ids, *stream_tokens(model, token_ids, max_new_tokens, **settings)], dim=1)
@@ -222,7 +222,7 @@ class BeamSearchResult:
     finished: list[tuple[float, list[int]]]  # the num_beams best finished hypotheses (score, new ids), best first
     steps: list[dict]  # per step, the running beams: "parent" (index of the beam it extends), "token", "logprob"
 
-
+# %% ../notebooks/11_decoding.ipynb #21b1d9ac-1
 @torch.no_grad()
 def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_tokens: int,
                 length_penalty: float = 1.0, early_stopping: bool | str = False,
@@ -306,7 +306,7 @@ def next_token_probs(logits: Tensor, temperature: float, top_k: int | None, top_
         return F.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     return torch.softmax(warp_logits(logits, temperature, top_k, top_p), dim=-1)
 
-
+# %% ../notebooks/11_decoding.ipynb #d927599b-1
 @dataclass
 class SpeculativeResult:
     """What speculative_generate produced, and how the work was shared."""
@@ -315,12 +315,12 @@ class SpeculativeResult:
     accepted: int  # of those, the tokens the target model accepted
     target_calls: int  # forward passes of the target model (plain decoding needs one per token)
 
-
+# %% ../notebooks/11_decoding.ipynb #d927599b-2
 def draw(probs: Tensor, generator: torch.Generator | None) -> int:
     """One token id drawn from probs (vocab_size,)."""
     return int(torch.multinomial(probs, 1, generator=generator))
 
-
+# %% ../notebooks/11_decoding.ipynb #d927599b-3
 @torch.no_grad()
 def speculative_generate(target: GPTModel, draft: GPTModel, token_ids: Tensor, max_new_tokens: int,
                          num_draft: int = 4, temperature: float = 0.0, top_k: int | None = None,

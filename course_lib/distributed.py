@@ -33,7 +33,7 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> int:
     "Training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's 12 x layers x T x d."
     return 6 * n_params + 12 * cfg.n_layers * cfg.context_length * cfg.emb_dim
 
-
+# %% ../notebooks/13_scaling_up.ipynb #1c214a25-1
 def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int = 2048,
                 repeats: int = 5) -> float:
     "FLOP/s of the fastest of `repeats` square matmuls of this size: the peak that MFU is measured against."
@@ -97,7 +97,7 @@ def environment() -> tuple[int, int, int]:
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
 
-
+# %% ../notebooks/13_scaling_up.ipynb #30d61355-1
 def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     "The device this rank trains on and the process-group backend that fits it, or a clear error."
     device = as_device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -115,7 +115,7 @@ def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.devi
                          "generation and would only emulate it; train with dtype 'float32'")
     return device, backend
 
-
+# %% ../notebooks/13_scaling_up.ipynb #30d61355-2
 def accumulation_steps(batch_tokens: int, world_size: int, micro_batch: int, context_length: int) -> int:
     "Micro-batches per rank and optimizer step, so that all ranks together see batch_tokens tokens."
     per_pass = world_size * micro_batch * context_length
@@ -139,7 +139,7 @@ def save_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
     torch.save(payload, partial)
     os.replace(partial, path)
 
-
+# %% ../notebooks/13_scaling_up.ipynb #0e8abeed-1
 def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size: int, loader: ShardLoader,
              device: torch.device) -> tuple[int, dict]:
     "Every rank restores the run from path; a checkpoint of another shape of run is refused, naming the difference."

@@ -84,7 +84,7 @@ def check_logits(logits: Tensor, dims: int | None = None) -> None:
         raise ValueError(f"logits must have at least one entry in the last (vocabulary) dimension, got "
                          f"shape {tuple(logits.shape)}")
 
-
+# %% ../notebooks/08_generation.ipynb #556e4b72-1
 def check_sampling_args(temperature=0.0, top_k=None, top_p=None) -> None:
     """Raise a clear error for a temperature, top_k or top_p no sampler can use (None turns a filter off)."""
     check_number("temperature", temperature, 0, math.inf, high_open=True,
@@ -95,7 +95,7 @@ def check_sampling_args(temperature=0.0, top_k=None, top_p=None) -> None:
         check_number("top_p", top_p, 0, 1, low_open=True, why="top_p=0.9 keeps the most likely tokens until "
                      "their probabilities add up to 0.9, top_p=1 keeps them all")
 
-
+# %% ../notebooks/08_generation.ipynb #556e4b72-2
 def scale_logits(logits: Tensor, temperature: float) -> Tensor:
     """Divide the logits by a temperature > 0: below 1 sharpens the distribution, above 1 flattens it."""
     check_logits(logits)
@@ -141,7 +141,7 @@ def check_generator(generator, device: torch.device) -> None:
         raise ValueError(f"generator is on {generator.device} but the tokens are on {device}: create it "
                          f"with torch.Generator(device='{device.type}')")
 
-
+# %% ../notebooks/08_generation.ipynb #833c8039-1
 def sample_next_token(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
                       top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """Pick one token id per row of next-token logits (batch, vocab_size) -> (batch, 1).

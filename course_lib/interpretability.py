@@ -35,7 +35,7 @@ def hook_points(model: GPTModel) -> dict[str, tuple[nn.Module, str]]:
     points["final_norm"] = (model.final_norm, "output")
     return points
 
-
+# %% ../notebooks/12_interpretability.ipynb #166ebcea-1
 def check_hook_names(model: GPTModel, names: Iterable[str]) -> list[str]:
     "The names as a list, or a ValueError naming those that are not hook points of this model."
     points, names = hook_points(model), list(names)
@@ -63,7 +63,7 @@ def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tens
         return (edit(name, z).flatten(-2), *args[1:])
     return module.out_proj.register_forward_pre_hook(per_head)
 
-
+# %% ../notebooks/12_interpretability.ipynb #a765e2f2-1
 @contextmanager
 def hooked(model: GPTModel, names: Iterable[str], edit: Callable[[str, Tensor], Tensor]):
     "Inside the with block, each named activation passes through edit(name, activation); hooks removed after."
@@ -91,7 +91,7 @@ def run_with_cache(model: GPTModel, token_ids: Tensor,
         logits = model(token_ids)
     return logits, cache
 
-
+# %% ../notebooks/12_interpretability.ipynb #74086dd6-1
 def run_with_patches(model: GPTModel, token_ids: Tensor,
                      patches: dict[str, Callable[[Tensor], Tensor]]) -> Tensor:
     "The logits of a forward pass in which each named activation is replaced by patches[name](activation)."
@@ -114,7 +114,7 @@ def run_with_patches(model: GPTModel, token_ids: Tensor,
 # %% ../notebooks/12_interpretability.ipynb #2d247a89
 GPT2_VOCAB_SIZE = 50257  # a model with this vocabulary gets GPT-2's tokenizer files from save_gpt2
 
-
+# %% ../notebooks/12_interpretability.ipynb #2d247a89-1
 def hf_tokenizer_for(tokenizer: CharTokenizer):
     "A Hugging Face fast tokenizer with the same ids as the course's CharTokenizer: one id per character."
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -124,7 +124,7 @@ def hf_tokenizer_for(tokenizer: CharTokenizer):
     core.decoder = decoders.Fuse()  # join characters back without spaces
     return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=tokenizer.chars[0], pad_token=tokenizer.chars[0])
 
-
+# %% ../notebooks/12_interpretability.ipynb #2d247a89-2
 def to_transformer_lens(model: GPTModel, tokenizer: CharTokenizer | None = None):
     "A TransformerLens TransformerBridge with the model's weights, through a save_gpt2 folder; offline."
     check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
@@ -151,12 +151,12 @@ def previous_token_score(pattern: Tensor) -> Tensor:
     "(batch, heads, q, k) -> (heads,): the mean weight a query puts on the position just before it."
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))
 
-
+# %% ../notebooks/12_interpretability.ipynb #ec02e18e-1
 def first_token_score(pattern: Tensor) -> Tensor:
     "(batch, heads, q, k) -> (heads,): the mean weight queries 1.. put on position 0."
     return pattern[..., 1:, 0].mean(dim=(0, -1))
 
-
+# %% ../notebooks/12_interpretability.ipynb #ec02e18e-2
 def induction_score(pattern: Tensor, period: int) -> Tensor:
     "(batch, heads, q, k) of a sequence repeated with this period -> (heads,): mean weight on q - period + 1."
     check_int("period", period, minimum=1)
@@ -210,7 +210,7 @@ class NoFeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.zeros_like(x)
 
-
+# %% ../notebooks/12_interpretability.ipynb #ca2fd4d0-1
 def attention_only(model: GPTModel) -> GPTModel:
     "The model with every block's feed-forward replaced by NoFeedForward (in place): only heads write."
     check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
@@ -218,7 +218,7 @@ def attention_only(model: GPTModel) -> GPTModel:
         block.ff = NoFeedForward()
     return model
 
-
+# %% ../notebooks/12_interpretability.ipynb #ca2fd4d0-2
 class SecondOrderChain:
     """Token sequences where the next token depends on the last two: it is drawn from
     softmax(after_one[x_t] + after_two[x_(t-1)]), two (vocab, vocab) tables of random logits times strength."""
@@ -241,7 +241,7 @@ class SecondOrderChain:
             ids[:, t] = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
         return ids
 
-
+# %% ../notebooks/12_interpretability.ipynb #ca2fd4d0-3
 def repeated_passages(chain: SecondOrderChain, n: int, context_length: int, periods: range,
                       generator: torch.Generator) -> Tensor:
     "(n, context_length): n passages of one length drawn from periods, each repeated until the row is full."

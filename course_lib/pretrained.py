@@ -187,7 +187,7 @@ GPT2_HUB_REPOS = {  # the four sizes OpenAI released, where the Hugging Face Hub
     "gpt2-xl": "openai-community/gpt2-xl",  # 1558M
 }
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #8d15ff3d-1
 def folder_files(path: Path) -> tuple[Path, list[Path]]:
     """config.json and the weights of a checkpoint folder: model.safetensors, or the shards that
     model.safetensors.index.json lists (large models are saved in several files)."""
@@ -211,7 +211,7 @@ def folder_files(path: Path) -> tuple[Path, list[Path]]:
                             "model.safetensors (or its shards and model.safetensors.index.json); write one with "
                             "save_gpt2(model, directory) or GPT2LMHeadModel.save_pretrained(directory)")
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #8d15ff3d-2
 def hub_reachable() -> bool:
     """Whether the Hub's host name resolves: one DNS lookup, so an offline machine fails at once, not after
     huggingface_hub's retries (about 25 s)."""
@@ -221,7 +221,7 @@ def hub_reachable() -> bool:
     except OSError:
         return False
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #8d15ff3d-3
 def gpt2_files(path_or_name: str | Path) -> tuple[Path, list[Path]]:
     """config.json and the safetensors weights of a local directory, or of a GPT-2 size from the Hugging Face
     Hub (cached after one download, with a progress bar); the name is checked before any download."""
@@ -297,7 +297,7 @@ def hf_config_from(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
         "dtype": str(dtype).removeprefix("torch."),
     }
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #1f46fd0c-1
 @torch.no_grad()
 def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
     """Our model's weights under the names of a Hugging Face GPT2LMHeadModel, on the CPU.
@@ -323,7 +323,7 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
         hf_state["lm_head.weight"] = params["out_head.weight"].detach().contiguous().cpu()
     return hf_state
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #1f46fd0c-2
 def save_gpt2(model: GPTModel, directory: str | Path) -> Path:
     """Write `model` as a Hugging Face GPT-2 directory that transformers.GPT2LMHeadModel.from_pretrained and
     load_gpt2 both read: config.json, generation_config.json, model.safetensors, and, for GPT-2's vocabulary,

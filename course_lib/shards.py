@@ -25,7 +25,7 @@ SHARD_VERSION = 1
 HEADER_BYTES = 64  # magic, version, bytes per token, vocab_size, token count; zeros up to 64
 HEADER_LAYOUT = "<16sIIIQ"  # little-endian: 16 bytes, three uint32, one uint64
 
-
+# %% ../notebooks/13_scaling_up.ipynb #4708d327-1
 def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
     "Write token ids as a shard: a 64-byte header, then one little-endian uint16 per token (atomically)."
     check_int("vocab_size", vocab_size, minimum=1)
@@ -53,7 +53,7 @@ def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
         partial.unlink(missing_ok=True)
     return path
 
-
+# %% ../notebooks/13_scaling_up.ipynb #4708d327-2
 @dataclass(frozen=True)
 class ShardHeader:
     version: int
@@ -61,7 +61,7 @@ class ShardHeader:
     vocab_size: int
     n_tokens: int
 
-
+# %% ../notebooks/13_scaling_up.ipynb #4708d327-3
 def read_header(path: str | Path) -> ShardHeader:
     "The shard's header, checked against the file: a clear error for anything that is not a complete shard."
     path = Path(path)
@@ -85,7 +85,7 @@ def read_header(path: str | Path) -> ShardHeader:
                          f"({n_tokens} tokens): the file is truncated or damaged; prepare the data again")
     return ShardHeader(version, bytes_per_token, vocab_size, n_tokens)
 
-
+# %% ../notebooks/13_scaling_up.ipynb #4708d327-4
 def read_shard(path: str | Path) -> Tensor:
     "The shard's tokens as a memory-mapped uint16 tensor (n_tokens,): pages load when read; writes never reach the file."
     header = read_header(path)

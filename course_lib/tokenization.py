@@ -101,7 +101,7 @@ def count_pairs(words: dict[tuple[bytes, ...], int]) -> Counter:
             pairs[pair] += freq
     return pairs
 
-
+# %% ../notebooks/01_tokenization.ipynb #2e80fb5b-1
 def merge_pair(symbols: tuple[bytes, ...], pair: tuple[bytes, bytes]) -> tuple[bytes, ...]:
     """Replace every occurrence of `pair` in `symbols`, scanning left to right, by the joined symbol."""
     merged, i = [], 0

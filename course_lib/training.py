@@ -214,7 +214,7 @@ def tokenizer_state(tokenizer) -> dict:
         return {"kind": "gpt2"}
     raise TypeError(f"tokenizer must be a CharTokenizer or gpt2_tokenizer(), got {type(tokenizer).__name__}")
 
-
+# %% ../notebooks/09_training.ipynb #d9fea159-1
 def tokenizer_from_state(state: dict):
     """The tokenizer that tokenizer_state() described."""
     if state.get("kind") == "char":
@@ -237,7 +237,7 @@ def check_plain_data(name: str, value) -> None:
         raise TypeError(f"{name} is a {type(value).__module__}.{type(value).__name__}, which a checkpoint cannot "
                         "load back safely: store plain Python values, e.g. float(x) or x.item()")
 
-
+# %% ../notebooks/09_training.ipynb #d67dd04c-1
 def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Optimizer, tokenizer,
                     tcfg: TrainConfig, step: int, generator: torch.Generator, history: dict | None = None) -> Path:
     """Write all that rebuilds the model and continues the run after step `step`, atomically (never half a file)."""
