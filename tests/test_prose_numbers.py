@@ -102,6 +102,10 @@ def _values(text: str) -> set[str]:
     return {match.group(1).replace(",", "") for match in ANY_NUMBER.finditer(text)}
 
 
+def _decimals(value: str) -> int:
+    return len(value.partition(".")[2])
+
+
 def _printed(value: str, known: set[str], scale: str = "") -> bool:
     """Whether `value` (times `scale`: K, M or B) is among `known`, to the precision it is written with."""
     if scale:  # 3.2M in prose matches 3,222,528 or 3.2 printed
@@ -114,19 +118,15 @@ def _printed(value: str, known: set[str], scale: str = "") -> bool:
     except ValueError:
         return False
     if "e" in value:  # 1.2e-6 written in prose matches 1.2e-06, 1.21e-06 printed
-        digits = len(value.split("e")[0].partition(".")[2])
+        digits = _decimals(value.split("e")[0])
         return any("e" in k and f"{float(k):.{digits}e}" == f"{wanted:.{digits}e}" for k in known)
-    decimals = len(value.partition(".")[2])
+    decimals = _decimals(value)
     for k in known:
-        if "e" in k or len(k.partition(".")[2]) < decimals:
+        if "e" in k or _decimals(k) < decimals:
             continue
         if round(float(k), decimals) == wanted:
             return True
     return False
-
-
-def _decimals(value: str) -> int:
-    return len(value.partition(".")[2])
 
 
 def _sourced(sentence: str) -> bool:
