@@ -7,9 +7,8 @@ __all__ = ['TransformerBlock']
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .config import GPTConfig, check_config
+from .config import GPTConfig
 from .feedforward import FeedForward
-
 from .normalization import LayerNorm
 
 # %% ../notebooks/06_transformer_block.ipynb #f295a71b
@@ -21,16 +20,15 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_config(cfg)
         self.norm1 = LayerNorm(cfg.emb_dim)
         self.att = MultiHeadAttention(cfg)  # calls F.scaled_dot_product_attention
         self.norm2 = LayerNorm(cfg.emb_dim)
         self.ff = FeedForward(cfg)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, attention_mask: Tensor | None = None) -> Tensor:
-        """(batch, tokens, emb_dim) -> (batch, tokens, emb_dim); with kv_cache, the new tokens also attend
-        to the cached positions and their keys and values are appended to it; attention_mask hides padding."""
-        x = x + self.drop_shortcut(self.att(self.norm1(x), kv_cache, attention_mask))  # attention + shortcut
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, may_attend: Tensor | None = None) -> Tensor:
+        """(batch, tokens, emb_dim) -> (batch, tokens, emb_dim); kv_cache and may_attend go to the attention
+        layer (notebook 05, section 8): the new tokens also attend to the cached positions."""
+        x = x + self.drop_shortcut(self.att(self.norm1(x), kv_cache, may_attend))  # attention + shortcut
         x = x + self.drop_shortcut(self.ff(self.norm2(x)))  # feed-forward sub-layer + shortcut
         return x  # (batch, tokens, emb_dim)

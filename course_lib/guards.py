@@ -54,30 +54,12 @@ def as_device(device) -> torch.device:
                          f"{device!r}") from error
 
 
-def check_activations(name: str, x, size: int | None = None, dims: int | None = None,
-                      dtype: torch.dtype | None = None) -> None:
-    """A floating-point tensor; with `size`, its last dimension has that many entries; with `dims`, it has
-    exactly that many dimensions; with `dtype`, that dtype (the dtype of the layer's weights)."""
-    if not isinstance(x, Tensor) or not torch.is_floating_point(x):
-        got = f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"{name} must be a floating-point tensor of vectors, got {got}: token ids become "
-                        "vectors in an embedding layer; other tensors convert with .float()")
-    shape = f"(batch, tokens, {size})" if dims == 3 else f"(..., {size})"
-    if size is None:
-        return
-    if (dims is not None and x.dim() != dims) or x.dim() == 0 or x.shape[-1] != size:
-        fix = " (for a single sequence add a batch dimension with .unsqueeze(0))" if dims == x.dim() + 1 == 3 else ""
-        raise ValueError(f"{name} must be shaped {shape}, got shape {tuple(x.shape)}{fix}: the layer was built "
-                         f"for vectors of {size} numbers")
-    if dtype is not None and x.dtype != dtype:
-        raise TypeError(f"{name} has dtype {x.dtype} but the layer's weights are {dtype}: convert with "
-                        f".to({dtype}) or the layer with .to({x.dtype})")
-
-
 def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
-                       device: torch.device | None = None) -> None:
+                       device: torch.device | None = None, max_tokens: int | None = None) -> None:
     """A non-empty tensor of integer token ids with `dims` dimensions ((tokens,) or (batch, tokens)); with
-    `device`, on that device; with `vocab_size`, every id in [0, vocab_size)."""
+    `device`, on that device; with `max_tokens`, at most that many tokens (the last dimension); with `vocab_size`,
+    every id in [0, vocab_size), read only where reading is free: on the CPU, outside torch.compile (on a GPU it
+    would make the host wait for the device, and in a compiled graph it would break the graph)."""
     if not isinstance(ids, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}: wrap a list of "
                         "ids with torch.tensor(...)")
@@ -92,7 +74,10 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
         raise ValueError(f"{name} must be {dims}-D {shape}, got shape {tuple(ids.shape)}: {fix}")
     if device is not None and ids.device != device:
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move it with .to(...)")
-    if vocab_size is not None:
+    if max_tokens is not None and ids.shape[-1] > max_tokens:
+        raise ValueError(f"{name} has {ids.shape[-1]} tokens, more than the {max_tokens} positions left in the "
+                         f"context: crop it to its last {max_tokens} tokens (or start again with empty KV caches)")
+    if vocab_size is not None and ids.device.type == "cpu" and not torch.compiler.is_compiling():
         low, high = ids.min().item(), ids.max().item()  # one look at the data per call
         if high >= vocab_size:
             raise ValueError(f"{name} holds token id {high} >= vocab_size {vocab_size}: the ids come from a "
@@ -100,22 +85,6 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
         if low < 0:
             raise ValueError(f"{name} holds token id {low} < 0: token ids index the vocabulary, "
                              f"0 .. {vocab_size - 1}")
-
-
-def check_positions(positions, token_ids: Tensor, context_length: int) -> None:
-    """Position ids for token_ids (batch, tokens): integers of the same shape and device, each in
-    [0, context_length), the rows of the position-embedding table."""
-    if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or positions.dtype in (
-            torch.bool, torch.complex64, torch.complex128):
-        got = f"dtype {positions.dtype}" if isinstance(positions, Tensor) else type(positions).__name__
-        raise TypeError(f"positions must be an integer tensor (batch, tokens), got {got}")
-    if positions.shape != token_ids.shape or positions.device != token_ids.device:
-        raise ValueError(f"positions must have the shape and device of token_ids {tuple(token_ids.shape)} on "
-                         f"{token_ids.device}, got {tuple(positions.shape)} on {positions.device}: one position per token")
-    low, high = positions.min().item(), positions.max().item()
-    if low < 0 or high >= context_length:
-        raise ValueError(f"positions must be in [0, {context_length - 1}], the rows of the position embedding; "
-                         f"got {low} .. {high}")
 
 
 def check_attention_mask(mask, shape: tuple[int, int], device: torch.device) -> None:
