@@ -80,7 +80,6 @@ def copy_fused_weights_to_wrapper(fused: nn.Module, wrapper: MultiHeadAttentionW
 class MultiHeadAttentionEinsum(nn.Module):
     """Causal multi-head self-attention, the formula written out with named dimensions (einops, fancy_einsum):
     per head softmax(mask(Q K^T / sqrt(head_dim))) V, then the heads side by side, mixed by out_proj.
-
     attention_weights(x) returns the pattern (batch, n_heads, tokens, tokens); MultiHeadAttention inherits
     these parameters and attention_weights and replaces only forward with PyTorch's fused kernel."""
 

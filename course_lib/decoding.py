@@ -3,9 +3,9 @@
 # %% auto #0
 __all__ = ['SHAKESPEARE_DRAFT_DIR', 'ngrams', 'distinct_n', 'repeated_ngram_share', 'penalize_repetition', 'ban_repeated_ngrams',
            'penalize_frequency', 'min_p_filter', 'check_decoding_args', 'penalize', 'warp_logits', 'choose_token',
-           'stream_tokens', 'generate_tokens', 'stream_text', 'BeamSearchResult', 'beam_search', 'left_pad',
-           'positions_after_padding', 'padding_may_attend', 'next_token_probs', 'SpeculativeResult', 'draw',
-           'speculative_generate']
+           'stream_tokens', 'generate_tokens', 'stream_text', 'BeamSearchResult', 'check_beam_args', 'best_extensions',
+           'search_is_over', 'beam_search', 'left_pad', 'positions_after_padding', 'padding_may_attend',
+           'next_token_probs', 'SpeculativeResult', 'draw', 'draft_logits', 'accept_drafts', 'speculative_generate']
 
 # %% ../notebooks/11_decoding.ipynb #a175eace
 import math
@@ -18,8 +18,8 @@ from fastcore.basics import patch
 from torch import Tensor
 
 from .attention import KVCache
-from .generation import (check_generation_args, check_sampling_args, eval_mode, sample_next_token,
-                                   scale_logits, top_k_filter, top_p_filter)
+from .generation import (check_generation_args, check_sampling_args, eval_mode, next_token_logits,
+                                   sample_next_token, scale_logits, top_k_filter, top_p_filter)
 from .guards import check_attention_mask, check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
 from .tokenization import DATA_DIR
@@ -148,25 +148,17 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
     if attention_mask is not None and context_length is not None:
         raise ValueError("attention_mask cannot be combined with a sliding window: leave context_length=None and "
                          "keep the longest prompt plus max_new_tokens within the model's context")
-    context_length = check_generation_args(model, token_ids, max_new_tokens, context_length)
+    context_length = check_generation_args(model, token_ids, max_new_tokens, context_length, eos_id)
     check_sampling_args(temperature, top_k, top_p)
     check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty)
-    if eos_id is not None:
-        check_int("eos_id", eos_id)
-        check_number("eos_id", eos_id, 0, model.cfg.vocab_size - 1, why="an id of the model's vocabulary")
     prompt_len = token_ids.shape[1]
     finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
-    caches = None
+    caches = model.new_kv_caches()
     for _ in range(max_new_tokens):
         with eval_mode(model):  # entered and left at every step: the caller runs between two tokens
-            if caches is None or len(caches[0]) == context_length:  # first step, or the window is full
-                caches = model.new_kv_caches()
-                logits = model(token_ids[:, -context_length:], kv_caches=caches, last_only=True,
-                               attention_mask=attention_mask)
-            else:
-                logits = model(token_ids[:, -1:], kv_caches=caches, last_only=True, attention_mask=attention_mask)
-        logits = penalize(logits[:, -1, :].float(), token_ids, prompt_len, repetition_penalty,
-                          no_repeat_ngram_size, frequency_penalty, presence_penalty)
+            logits = next_token_logits(model, token_ids, caches, context_length, attention_mask=attention_mask)
+        logits = penalize(logits.float(), token_ids, prompt_len, repetition_penalty, no_repeat_ngram_size,
+                          frequency_penalty, presence_penalty)
         next_id = choose_token(logits, temperature, top_k, top_p, min_p, generator)  # (batch, 1)
         if eos_id is not None:
             next_id = next_id.masked_fill(finished.unsqueeze(1), eos_id)
@@ -209,19 +201,11 @@ class BeamSearchResult:
     finished: list[tuple[float, list[int]]]  # the num_beams best finished hypotheses (score, new ids), best first
     steps: list[dict]  # per step, the running beams: "parent" (index of the beam it extends), "token", "logprob"
 
-# %% ../notebooks/11_decoding.ipynb #21b1d9ac-1
-@torch.no_grad()
-def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_tokens: int,
-                length_penalty: float = 1.0, early_stopping: bool | str = False,
-                eos_id: int | None = None) -> BeamSearchResult:
-    """Beam search as Hugging Face's generate(num_beams=...) runs it, for one prompt (1, tokens).
-
-    Each step extends every running beam by every token and keeps the 2 * num_beams best by summed
-    log-probability: those among the first num_beams that end (eos_id, or max_new_tokens reached) join the
-    finished hypotheses, scored sum / generated_length ** length_penalty; the num_beams best that do not end run
-    on. early_stopping=True stops once num_beams hypotheses are finished; False stops when the best running
-    beam can no longer beat the worst finished one at its current length; "never" assumes the longest length."""
-    check_generation_args(model, token_ids, max_new_tokens, None)
+# %% ../notebooks/11_decoding.ipynb #check-beam-args
+def check_beam_args(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_tokens: int,
+                    length_penalty: float, early_stopping: bool | str, eos_id: int | None) -> None:
+    """Raise a clear error for any setting beam_search cannot use."""
+    check_generation_args(model, token_ids, max_new_tokens, None, eos_id)
     if token_ids.shape[0] != 1:
         raise ValueError(f"beam_search takes one prompt, shaped (1, tokens), got {token_ids.shape[0]} rows: "
                          "call it once per prompt")
@@ -231,25 +215,44 @@ def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_toke
                  "longer hypotheses, < 0 shorter ones")
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if eos_id is not None:
-        check_int("eos_id", eos_id)
-        check_number("eos_id", eos_id, 0, model.cfg.vocab_size - 1, why="an id of the model's vocabulary")
-    prompt = token_ids[0].tolist()
+
+# %% ../notebooks/11_decoding.ipynb #best-extensions
+def best_extensions(scores: Tensor, logits: Tensor, k: int) -> tuple[Tensor, list[int], list[int]]:
+    """The k best one-token extensions of the running beams, best first: their summed log-probabilities (k,), the
+    beam each extends and the token it adds. scores (beams,) are the beams' sums, logits (beams, vocab_size)."""
+    vocab = logits.shape[-1]
+    totals = (scores[:, None] + torch.log_softmax(logits.float(), dim=-1)).view(-1)  # (beams * vocab_size,)
+    best, index = totals.topk(min(k, totals.numel()))
+    return best, (index // vocab).tolist(), (index % vocab).tolist()
+
+# %% ../notebooks/11_decoding.ipynb #search-is-over
+def search_is_over(best_running: Tensor, worst_finished: float, step: int, max_new_tokens: int,
+                   length_penalty: float, early_stopping: bool | str) -> bool:
+    """Whether beam search can stop with num_beams finished hypotheses: the best running beam's summed
+    log-probability best_running can no longer beat the worst finished score (early_stopping=True: stop at once)."""
+    length = max_new_tokens if early_stopping == "never" and length_penalty > 0 else step + 1
+    return early_stopping is True or (best_running / length ** length_penalty).item() <= worst_finished
+
+# %% ../notebooks/11_decoding.ipynb #21b1d9ac-1
+@torch.no_grad()
+def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_tokens: int,
+                length_penalty: float = 1.0, early_stopping: bool | str = False,
+                eos_id: int | None = None) -> BeamSearchResult:
+    """Beam search as Hugging Face's generate(num_beams=...) runs it, for one prompt (1, tokens). Each step keeps
+    the 2 * num_beams best extensions: those among the first num_beams that end (eos_id, or max_new_tokens) join
+    the finished hypotheses, scored sum / generated_length ** length_penalty; the num_beams best others run on."""
+    check_beam_args(model, token_ids, num_beams, max_new_tokens, length_penalty, early_stopping, eos_id)
     caches = model.new_kv_caches()
     with eval_mode(model):
         logits = model(token_ids, kv_caches=caches, last_only=True)[:, -1, :]  # (1, vocab_size)
     beams, scores = [[]], torch.zeros(1)  # running beams (their new ids) and summed log-probabilities
-    finished, steps = [], []
+    finished, steps = [], []  # (score, new ids) of ended hypotheses, best first; the running beams of each step
     for step in range(max_new_tokens):
-        vocab = logits.shape[-1]
-        totals = (scores[:, None] + torch.log_softmax(logits.float(), dim=-1)).view(-1)  # (beams * vocab_size,)
-        best, index = totals.topk(min(2 * num_beams, totals.numel()))  # candidates, best first
-        parents, new_ids = (index // vocab).tolist(), (index % vocab).tolist()
+        best, parents, new_ids = best_extensions(scores, logits, 2 * num_beams)  # candidates, best first
         ends = [token == eos_id or step + 1 == max_new_tokens for token in new_ids]
         normalized = (best / (step + 1) ** length_penalty).tolist()  # the score a hypothesis ending here gets
-        for j in range(min(num_beams, len(new_ids))):
-            if ends[j]:
-                finished.append((normalized[j], beams[parents[j]] + [new_ids[j]]))
+        finished += [(normalized[j], beams[parents[j]] + [new_ids[j]])
+                     for j in range(min(num_beams, len(new_ids))) if ends[j]]
         finished = sorted(finished, key=lambda hypothesis: -hypothesis[0])[:num_beams]  # stable: older first
         keep = [j for j in range(len(new_ids)) if not ends[j]][:num_beams]
         steps.append({"parent": [parents[j] for j in keep], "token": [new_ids[j] for j in keep],
@@ -258,17 +261,17 @@ def beam_search(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_toke
             break
         beams = [beams[parents[j]] + [new_ids[j]] for j in keep]
         scores = best[keep]
-        if len(finished) == num_beams:
-            length = max_new_tokens if early_stopping == "never" and length_penalty > 0 else step + 1
-            if early_stopping is True or (scores[0] / length ** length_penalty).item() <= finished[-1][0]:
-                break  # no running beam can still beat the worst finished hypothesis
+        if len(finished) == num_beams and search_is_over(scores[0], finished[-1][0], step, max_new_tokens,
+                                                         length_penalty, early_stopping):
+            break
         for cache in caches:  # the caches follow the beams: copied where a beam is copied, dropped with it
             cache.select(torch.tensor([parents[j] for j in keep], device=token_ids.device))
         with eval_mode(model):
             last = torch.tensor([[beam[-1]] for beam in beams], device=token_ids.device)  # (beams, 1)
             logits = model(last, kv_caches=caches, last_only=True)[:, -1, :]  # (beams, vocab_size)
     score, new = finished[0]
-    return BeamSearchResult(torch.tensor([prompt + new], device=token_ids.device), score, finished, steps)
+    ids = torch.tensor([token_ids[0].tolist() + new], device=token_ids.device)  # (1, prompt + new)
+    return BeamSearchResult(ids, score, finished, steps)
 
 # %% ../notebooks/11_decoding.ipynb #618dd43d
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
@@ -349,6 +352,32 @@ def draw(probs: Tensor, generator: torch.Generator | None) -> int:
     """One token id drawn from probs (vocab_size,)."""
     return int(torch.multinomial(probs, 1, generator=generator))
 
+# %% ../notebooks/11_decoding.ipynb #draft-logits
+def draft_logits(draft: GPTModel, caches: list[KVCache], seq: list[int]) -> Tensor:
+    """The draft's next-token logits (1, vocab_size) after the token ids seq, feeding only what its caches have not
+    seen yet (the caches must hold a prefix of seq); past the draft's context, its last window from scratch."""
+    if len(seq) > draft.cfg.context_length:
+        for cache in caches:
+            cache.crop(0)
+        seq = seq[-draft.cfg.context_length:]
+    new = torch.tensor([seq[len(caches[0]):]], device=draft.out_head.weight.device)  # what it has not seen
+    return draft(new, kv_caches=caches, last_only=True)[:, -1]
+
+# %% ../notebooks/11_decoding.ipynb #accept-drafts
+def accept_drafts(proposal: list[int], q: list[Tensor], p: Tensor,
+                  generator: torch.Generator | None) -> tuple[int, int]:
+    """Speculative sampling's rule: draft token proposal[i], drawn from q[i], is kept with probability
+    min(1, p[i, x] / q[i, x]), in order, until the first rejection. Returns how many were kept and one more token:
+    drawn from max(0, p - q) renormalised at a rejection, or from p after the last draft when all were kept."""
+    n = 0
+    while n < len(proposal) and (torch.rand(1, generator=generator, device=p.device).item() * q[n][proposal[n]]
+                                 < p[n, proposal[n]]):  # u < p / q, without dividing by a zero q
+        n += 1
+    if n < len(proposal):  # rejected: draw from what the target wants more than the draft proposed
+        residual = (p[n] - q[n]).clamp(min=0)
+        return n, draw(residual if residual.sum() > 0 else p[n], generator)
+    return n, draw(p[n], generator)  # all kept: the target's distribution after the last draft, for free
+
 # %% ../notebooks/11_decoding.ipynb #d927599b-3
 @torch.no_grad()
 def speculative_generate(target: GPTModel, draft: GPTModel, token_ids: Tensor, max_new_tokens: int,
@@ -368,15 +397,6 @@ def speculative_generate(target: GPTModel, draft: GPTModel, token_ids: Tensor, m
     tokens, prompt_len = token_ids[0].tolist(), token_ids.shape[1]
     caches = target.new_kv_caches()  # holds every token but the last: the last is fed with the next drafts
     draft_caches = draft.new_kv_caches()  # holds a prefix of tokens + proposal, while it fits the draft's context
-
-    def draft_logits(seq: list[int]) -> Tensor:  # the draft's next-token logits after seq, (1, vocab_size)
-        nonlocal draft_caches
-        if len(seq) > draft.cfg.context_length:  # past its context the draft rereads its last window each time
-            draft_caches = draft.new_kv_caches()
-            return draft(torch.tensor([seq[-draft.cfg.context_length:]], device=device), last_only=True)[:, -1]
-        new = torch.tensor([seq[len(draft_caches[0]):]], device=device)  # what the draft has not seen yet
-        return draft(new, kv_caches=draft_caches, last_only=True)[:, -1]
-
     with eval_mode(target), eval_mode(draft):
         if prompt_len > 1:
             target(token_ids[:, :-1], kv_caches=caches)
@@ -384,20 +404,13 @@ def speculative_generate(target: GPTModel, draft: GPTModel, token_ids: Tensor, m
         while (remaining := prompt_len + max_new_tokens - len(tokens)) > 0:
             proposal, q = [], []  # the draft's tokens and the distributions it drew them from
             for _ in range(min(num_draft, remaining - 1)):  # leave room for the target's own token
-                q.append(next_token_probs(draft_logits(tokens + proposal), temperature, top_k, top_p)[0])
+                logits = draft_logits(draft, draft_caches, tokens + proposal)  # (1, vocab_size)
+                q.append(next_token_probs(logits, temperature, top_k, top_p)[0])
                 proposal.append(draw(q[-1], generator))
             fed = torch.tensor([tokens[-1:] + proposal], device=device)  # (1, 1 + drafts)
             p = next_token_probs(target(fed, kv_caches=caches)[0], temperature, top_k, top_p)  # (1 + drafts, vocab)
             calls += 1
-            n = 0  # drafts accepted
-            while n < len(proposal) and (torch.rand(1, generator=generator, device=device).item() * q[n][proposal[n]]
-                                         < p[n, proposal[n]]):  # u < p / q, without dividing by a zero q
-                n += 1
-            if n < len(proposal):  # rejected: draw from what the target wants more than the draft proposed
-                residual = (p[n] - q[n]).clamp(min=0)
-                extra = draw(residual if residual.sum() > 0 else p[n], generator)
-            else:  # all accepted: the target's distribution after the last draft gives one more token for free
-                extra = draw(p[n], generator)
+            n, extra = accept_drafts(proposal, q, p, generator)  # drafts accepted, the target's own token
             drafted, accepted = drafted + len(proposal), accepted + n
             for cache in caches + draft_caches:  # keep the last token and the accepted drafts
                 cache.crop(len(tokens) + n)

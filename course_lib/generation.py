@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['check_generation_args', 'eval_mode', 'generate_text_simple', 'check_sampling_args', 'scale_logits', 'top_k_filter',
-           'top_p_filter', 'sample_next_token', 'StaticKVCache', 'generate']
+           'top_p_filter', 'sample_next_token', 'StaticKVCache', 'next_token_logits', 'generate']
 
 # %% ../notebooks/08_generation.ipynb #c231c102
 import math
@@ -43,10 +43,10 @@ def new_kv_caches(self: GPTModel) -> list[KVCache]:
     return [KVCache() for _ in self.trf_blocks]
 
 # %% ../notebooks/08_generation.ipynb #5880a384
-def check_generation_args(model: nn.Module, token_ids: Tensor, max_new_tokens: int,
-                          context_length: int | None) -> int:
-    """Raise a clear error for a model, prompt, length or context window generation cannot use; return how
-    many of the last tokens the model reads: context_length, or the model's own when it is None (no cropping)."""
+def check_generation_args(model: nn.Module, token_ids: Tensor, max_new_tokens: int, context_length: int | None,
+                          eos_id: int | None = None) -> int:
+    """Raise a clear error for a model, prompt, length, context window or end token generation cannot use;
+    return how many of the last tokens the model reads: context_length, or the model's own when it is None."""
     cfg = getattr(model, "cfg", None)  # a GPTModel, or a wrapper that passes its attributes on (torch.compile)
     check_type("model.cfg", cfg, GPTConfig, "pass a GPTModel, built with GPTModel(cfg)")
     check_token_tensor("token_ids", token_ids, dims=2, vocab_size=cfg.vocab_size)
@@ -60,6 +60,9 @@ def check_generation_args(model: nn.Module, token_ids: Tensor, max_new_tokens: i
         check_int("context_length", context_length, minimum=1)
         check_number("context_length", context_length, 1, cfg.context_length, why="it is how many of the last "
                      "tokens the model reads, at most the model's own context_length")
+    if eos_id is not None:  # an id the model can never produce would never stop a row
+        check_int("eos_id", eos_id, minimum=0)
+        check_number("eos_id", eos_id, 0, cfg.vocab_size - 1, why=f"for GPT-2's <|endoftext|> pass {EOS_ID}")
     return cfg.context_length if context_length is None else context_length
 
 # %% ../notebooks/08_generation.ipynb #1c909f37
@@ -186,6 +189,20 @@ class StaticKVCache(KVCache):
             self.key_store, self.value_store = self.key_store[rows], self.value_store[rows]
             self.keys, self.values = self.key_store[:, :, :len(self)], self.value_store[:, :, :len(self)]
 
+# %% ../notebooks/08_generation.ipynb #next-token-logits
+def next_token_logits(model: GPTModel, token_ids: Tensor, caches: list[KVCache], context_length: int,
+                      **model_args) -> Tensor:
+    """The logits (batch, vocab_size) of the token after token_ids (batch, tokens), with the caches kept in step:
+    only the newest token is fed, except at the first step and whenever the window of the last context_length
+    tokens is full, when the caches are emptied and refilled from the window. model_args go to the model."""
+    if len(caches[0]) in (0, context_length):  # first step, or the window is full: (re)fill the caches
+        for cache in caches:
+            cache.crop(0)  # forget every position; the storage stays
+        fed = token_ids[:, -context_length:]  # the whole window
+    else:
+        fed = token_ids[:, -1:]  # only the newest token
+    return model(fed, kv_caches=caches, last_only=True, **model_args)[:, -1, :]
+
 # %% ../notebooks/08_generation.ipynb #a0a5e542
 def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -199,25 +216,18 @@ def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_le
     eos_id, and the loop stops early once every sequence is finished. use_cache: feed only the newest token and
     keep the keys and values of the earlier ones in a StaticKVCache per block (same tokens as use_cache=False,
     fewer computations). Runs without gradients and in eval mode; the model's modes are restored afterwards."""
-    context_length = check_generation_args(model, token_ids, max_new_tokens, context_length)
+    context_length = check_generation_args(model, token_ids, max_new_tokens, context_length, eos_id)
     check_sampling_args(temperature, top_k, top_p)
-    if eos_id is not None:  # an id the model can never produce would never stop a row
-        check_int("eos_id", eos_id, minimum=0)
-        check_number("eos_id", eos_id, 0, model.cfg.vocab_size - 1, why=f"for GPT-2's <|endoftext|> pass {EOS_ID}")
     finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
     capacity = min(context_length, token_ids.shape[1] + max_new_tokens)  # the longest window the loop feeds
     caches = [StaticKVCache(capacity) for _ in range(model.cfg.n_layers)]
     with torch.no_grad(), eval_mode(model):
         for _ in range(max_new_tokens):
-            if not use_cache:
-                logits = model(token_ids[:, -context_length:], last_only=True)  # the whole window, every step
-            elif len(caches[0]) in (0, context_length):  # first step, or the window is full: (re)fill the caches
-                for cache in caches:
-                    cache.crop(0)  # forget every position; the storage stays
-                logits = model(token_ids[:, -context_length:], kv_caches=caches, last_only=True)
+            if use_cache:
+                logits = next_token_logits(model, token_ids, caches, context_length)  # (batch, vocab_size)
             else:
-                logits = model(token_ids[:, -1:], kv_caches=caches, last_only=True)  # only the newest token
-            next_id = sample_next_token(logits[:, -1, :], temperature, top_k, top_p, generator)  # (batch, 1)
+                logits = model(token_ids[:, -context_length:], last_only=True)[:, -1, :]  # the whole window
+            next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (batch, 1)
             if eos_id is not None:
                 next_id = next_id.masked_fill(finished.unsqueeze(1), eos_id)  # finished rows stay finished
                 finished = finished | (next_id[:, 0] == eos_id)
