@@ -1,0 +1,80 @@
+"""Nothing in the model's forward makes a GPU wait or breaks a compiled graph (issue 29, item 6).
+
+The model checks its token ids at the door, and reads their values only where that is free (a CPU tensor, outside
+torch.compile); the layers behind the door check nothing per call. So torch.compile sees one graph per forward,
+and compiled cached decoding does not compile a new graph for every token: the cache length is a shape that
+dynamo marks dynamic after the first change, not a Python number it specialises on."""
+
+import pytest
+import torch
+import torch._dynamo
+
+from course_lib.config import GPTConfig
+from course_lib.generation import StaticKVCache
+from course_lib.model import GPTModel
+
+CFG = GPTConfig(vocab_size=100, context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPTModel(CFG).eval()
+
+
+def caches_of(kind, model):
+    return [StaticKVCache(CFG.context_length) for _ in model.trf_blocks] if kind == "static" else model.new_kv_caches()
+
+
+def test_no_graph_break_in_training_or_cached_decoding(model):
+    ids = torch.randint(0, CFG.vocab_size, (2, 12))
+    training = torch._dynamo.explain(model)(ids)
+    assert training.graph_break_count == 0, training.break_reasons
+    assert training.graph_count == 1
+    for kind in ("static", "growing"):
+        caches = caches_of(kind, model)
+        with torch.no_grad():
+            model(ids[:, :8], kv_caches=caches)  # the prompt
+            step = torch._dynamo.explain(model)(ids[:, 8:9], kv_caches=caches, last_only=True)
+        assert step.graph_break_count == 0, (kind, step.break_reasons)
+
+
+@pytest.mark.parametrize("kind", ["static", "growing"])
+def test_compiled_cached_decoding_does_not_recompile_at_every_token(model, kind):
+    """26 calls (a prompt, then 25 single tokens) compile at most 3 graphs: the prompt, the first token (static
+    shapes) and one graph with a dynamic cache length for every later token; the logits equal eager mode's."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(model, backend=counting_backend)
+    ids = torch.randint(0, CFG.vocab_size, (1, 30))
+    compiled_caches, eager_caches = caches_of(kind, model), caches_of(kind, model)
+    with torch.no_grad():
+        for start, end in [(0, 5)] + [(t, t + 1) for t in range(5, 30)]:
+            got = compiled(ids[:, start:end], kv_caches=compiled_caches, last_only=True)
+            expected = model(ids[:, start:end], kv_caches=eager_caches, last_only=True)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert len(graphs) <= 3, f"{len(graphs)} graphs for 26 calls"
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_forward_never_synchronises_on_a_gpu():
+    """Training forward and cached decoding on CUDA under set_sync_debug_mode('error'): any host-device
+    synchronisation (an .item(), a bool() of a tensor) would raise."""
+    torch.manual_seed(0)
+    gpu_model = GPTModel(CFG).cuda().eval()
+    ids = torch.randint(0, CFG.vocab_size, (2, 12), device="cuda")
+    caches = [StaticKVCache(CFG.context_length) for _ in gpu_model.trf_blocks]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            gpu_model(ids)
+            gpu_model(ids[:, :8], kv_caches=caches)
+            gpu_model(ids[:, 8:9], kv_caches=caches, last_only=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
