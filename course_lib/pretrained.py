@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['GPT2_NAME_MAP', 'GPT2_MASK_BUFFERS', 'GPT2_CONFIG_DEFAULTS', 'GPT2_HUB_REPOS', 'SHAKESPEARE_GPT_DIR',
-           'expand_name_map', 'config_from_hf', 'fill_from_hf', 'folder_files', 'hub_reachable', 'gpt2_files',
-           'load_gpt2', 'hf_config_from', 'hf_state_from', 'save_gpt2', 'load_shakespeare_gpt']
+           'expand_name_map', 'config_from_hf', 'plain_hf_state', 'hf_shapes', 'copy_from_hf', 'fill_from_hf',
+           'folder_files', 'hub_reachable', 'gpt2_files', 'load_gpt2', 'hf_config_from', 'hf_state_from', 'save_gpt2',
+           'load_shakespeare_gpt']
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #bf6628be
 import json
@@ -73,63 +74,42 @@ GPT2_CONFIG_DEFAULTS = {  # what Hugging Face's GPT2Config assumes for a key tha
     "tie_word_embeddings": True,
 }
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #be038b65-1
 def config_from_hf(hf_config: dict, source: str = "config") -> GPTConfig:
     """Our GPTConfig (tie_weights from tie_word_embeddings) from the dict in a GPT-2 config.json; refuses,
     naming the key, every setting our GPTModel cannot reproduce. `source` names the file."""
-    if not isinstance(hf_config, dict):
-        raise TypeError(f"{source}: a config must be a JSON object (dict), got {type(hf_config).__name__}")
     if hf_config.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"{source}: model_type is {hf_config['model_type']!r}, not 'gpt2': load_gpt2 reads "
                          "GPT-2 checkpoints only")
     setting = {**GPT2_CONFIG_DEFAULTS, **hf_config}
     if "n_positions" not in hf_config and "n_ctx" in hf_config:  # very old configs name it n_ctx only
         setting["n_positions"] = hf_config["n_ctx"]
-    for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-        value = setting[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{source}: {key} must be a positive integer, got {value!r}")
-    supported = {  # key -> the values our GPTModel reproduces (same JSON type and value)
-        "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # two names of GELU's tanh form
-        "layer_norm_epsilon": (1e-5,),
-        "n_inner": (None, 4 * setting["n_embd"]),  # the feed-forward width: None means 4 * n_embd
-        "scale_attn_weights": (True,),  # scores divided by sqrt(head_dim)
-        "scale_attn_by_inverse_layer_idx": (False,),
-        "add_cross_attention": (False,),
-        "tie_word_embeddings": (True, False),
-    }
-    for key, allowed in supported.items():
-        value = setting[key]
-        if not any(type(value) is type(a) and value == a for a in allowed):
-            raise ValueError(f"{source}: {key} is {value!r}, but course_lib's GPTModel needs "
-                             f"{' or '.join(map(repr, allowed))}, as in GPT-2: this checkpoint is not a "
-                             "standard GPT-2, so our model cannot reproduce it")
     try:
         cfg = GPTConfig(vocab_size=setting["vocab_size"], context_length=setting["n_positions"],
                         emb_dim=setting["n_embd"], n_heads=setting["n_head"], n_layers=setting["n_layer"],
                         drop_rate=setting["resid_pdrop"], qkv_bias=True,  # GPT-2's c_attn always has a bias
                         tie_weights=setting["tie_word_embeddings"])
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{source}: {error} (n_embd is our emb_dim, n_head our n_heads, resid_pdrop our "
-                         "drop_rate)") from error
+        raise ValueError(f"{source}: {error} (GPT-2's n_embd is our emb_dim, n_head n_heads, n_layer n_layers, "
+                         "n_positions context_length, resid_pdrop drop_rate, tie_word_embeddings tie_weights)"
+                         ) from error
+    supported = {  # key -> the values our GPTModel reproduces (same JSON type and value)
+        "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # two names of GELU's tanh form
+        "layer_norm_epsilon": (1e-5,),
+        "n_inner": (None, 4 * cfg.emb_dim),  # the feed-forward width: None means 4 * n_embd
+        "scale_attn_weights": (True,),  # scores divided by sqrt(head_dim)
+        "scale_attn_by_inverse_layer_idx": (False,),
+        "add_cross_attention": (False,),
+    }
+    for key, allowed in supported.items():
+        if not any(type(setting[key]) is type(a) and setting[key] == a for a in allowed):
+            raise ValueError(f"{source}: {key} is {setting[key]!r}, but course_lib's GPTModel needs "
+                             f"{' or '.join(map(repr, allowed))}, as in GPT-2: our model cannot reproduce it")
     return cfg
 
-# %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9
-@torch.no_grad()
-def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "state dict") -> None:
-    """Copy a Hugging Face GPT-2 state dict (names with or without "transformer.") into `model`.
-
-    Every key must be used, every parameter filled and every shape right; otherwise a ValueError names the
-    key. With a tied head (model.cfg.tie_weights), a stored lm_head.weight must equal wte.weight."""
-    check_type("model", model, GPTModel, "build one with GPTModel(cfg), or load one with load_gpt2")
-    check_type("hf_state", hf_state, dict, "pass a state dict, name -> tensor, e.g. safetensors' load_file(path)")
-    params = dict(model.named_parameters())  # a tied head appears once, as embedding.tok_emb.weight
-    tied = model.cfg.tie_weights
-    rows = expand_name_map(model.cfg.n_layers)
-    absent = [ours for ours, *_ in rows if ours not in params]
-    if absent:
-        raise ValueError(f"model has no parameter {absent[0]}, but every GPT-2 checkpoint fills one: build "
-                         "the model with GPTConfig(qkv_bias=True)")
+# %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9-1
+def plain_hf_state(hf_state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
+    """The tensors under GPT-2's plain names: the "transformer." prefix dropped, the mask constants left out."""
     state = {}
     for key, tensor in hf_state.items():
         name = key.removeprefix("transformer.")  # GPT2LMHeadModel writes "transformer.h.0...", GPT2Model "h.0..."
@@ -137,15 +117,48 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
             raise ValueError(f"{source}: {name} is stored twice, with and without the 'transformer.' prefix")
         if not GPT2_MASK_BUFFERS.fullmatch(name):
             state[name] = tensor
+    return state
 
-    expected = {}  # Hugging Face name -> the shape it must have to fill our parameters
+# %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9-2
+def hf_shapes(params: dict[str, Tensor], rows: list, tied: bool) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name -> the shape its tensor must have to fill our parameters, in Hugging Face's layout."""
+    expected = {}
     for ours, hf, part, transpose in rows:
         shape = tuple(params[ours].shape)
         shape = shape[::-1] if transpose else shape  # Conv1D stores (in, out)
         expected[hf] = shape if part is None else shape[:-1] + (3 * shape[-1],)  # q, k, v side by side
     if not tied:
         expected["lm_head.weight"] = tuple(params["out_head.weight"].shape)
+    return expected
+
+# %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9-3
+@torch.no_grad()
+def copy_from_hf(params: dict[str, Tensor], state: dict[str, Tensor], rows: list, tied: bool) -> None:
+    """Copy checked Hugging Face tensors (plain names) into our parameters, row by row of the name table."""
+    for ours, hf, part, transpose in rows:
+        tensor = state[hf]
+        if part is not None:
+            tensor = tensor.chunk(3, dim=-1)[part]  # c_attn holds [queries | keys | values] along its last dim
+        params[ours].copy_(tensor.T if transpose else tensor)  # Conv1D (in, out) -> nn.Linear (out, in)
+    if not tied:
+        params["out_head.weight"].copy_(state["lm_head.weight"])  # nn.Linear in both: no transpose
+
+# %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9
+def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "state dict") -> None:
+    """Copy a Hugging Face GPT-2 state dict (names with or without "transformer.") into `model`.
+
+    Every key must be used, every parameter filled and every shape right; otherwise a ValueError names the
+    key, before anything is copied. With a tied head (model.cfg.tie_weights), a stored lm_head.weight must equal
+    wte.weight."""
+    params = dict(model.named_parameters())  # a tied head appears once, as embedding.tok_emb.weight
+    tied, rows = model.cfg.tie_weights, expand_name_map(model.cfg.n_layers)
+    filled = {ours for ours, *_ in rows} | (set() if tied else {"out_head.weight"})
+    if set(params) != filled:  # e.g. a model built with qkv_bias=False
+        raise ValueError(f"model and GPT2_NAME_MAP differ in {sorted(set(params) ^ filled)[:3]}: GPT-2 fills "
+                         "exactly the parameters of a GPTModel with qkv_bias=True")
+    state = plain_hf_state(hf_state, source)
     lm_head = state.pop("lm_head.weight") if tied and "lm_head.weight" in state else None
+    expected = hf_shapes(params, rows, tied)
     problems = (("missing key", [k for k in expected if k not in state],
                  "the file is incomplete, or config.json describes a bigger model than the file holds"),
                 ("unexpected key", [k for k in state if k not in expected],
@@ -156,28 +169,13 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
             raise ValueError(f"{source}: {what} {keys[0]}{more if len(keys) > 1 else ''}: {why}")
     for key, shape in expected.items():
         tensor = state[key]
-        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
-            raise ValueError(f"{source}: {key} must be a floating-point tensor, got "
-                             f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{source}: {key} has shape {tuple(tensor.shape)}, expected {shape}")
-    if lm_head is not None and not (lm_head.shape == state["wte.weight"].shape
-                                    and torch.equal(lm_head, state["wte.weight"])):
-        raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but the config ties them "
-                         "(tie_word_embeddings true): set tie_word_embeddings to false in config.json to load "
-                         "a separate output head")
-
-    for ours, hf, part, transpose in rows:
-        tensor = state[hf]
-        if part is not None:
-            tensor = tensor.chunk(3, dim=-1)[part]  # c_attn holds [queries | keys | values] along its last dim
-        params[ours].copy_(tensor.T if transpose else tensor)  # Conv1D (in, out) -> nn.Linear (out, in)
-    if not tied:
-        params["out_head.weight"].copy_(state["lm_head.weight"])  # nn.Linear in both: no transpose
-    unfilled = sorted(set(params) - {ours for ours, *_ in rows} - {"out_head.weight"})
-    if unfilled:
-        raise ValueError(f"model parameter {unfilled[0]} has no GPT-2 counterpart in GPT2_NAME_MAP: "
-                         "a GPT-2 checkpoint cannot fill this model")
+        if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and tuple(tensor.shape) == shape):
+            got = f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {shape}")
+    if lm_head is not None and not torch.equal(lm_head, state["wte.weight"]):  # False for another shape too
+        raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but the config ties them: set "
+                         "tie_word_embeddings to false in config.json to load a separate output head")
+    copy_from_hf(params, state, rows, tied)
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #8d15ff3d
 GPT2_HUB_REPOS = {  # the four sizes OpenAI released, where the Hugging Face Hub keeps them
@@ -200,10 +198,7 @@ def folder_files(path: Path) -> tuple[Path, list[Path]]:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{index} is not a safetensors index (a JSON object whose weight_map maps each tensor "
                              f"to its shard file): {error!r}; save the folder again") from error
-        if missing := [shard for shard in shards if not (path / shard).is_file()]:
-            raise FileNotFoundError(f"{index} lists the shard {missing[0]}, which is not in {path}: copy every "
-                                    "shard of the checkpoint")
-        return path / "config.json", [path / shard for shard in shards]
+        return path / "config.json", [path / shard for shard in shards]  # a missing shard: load_file names it
     hint = (" (this directory has pytorch_model.bin: convert it with GPT2LMHeadModel.from_pretrained(directory)"
             ".save_pretrained(directory))" if (path / "pytorch_model.bin").exists() else "")
     lacking = "config.json" if not (path / "config.json").is_file() else "model.safetensors"
@@ -225,9 +220,7 @@ def hub_reachable() -> bool:
 def gpt2_files(path_or_name: str | Path) -> tuple[Path, list[Path]]:
     """config.json and the safetensors weights of a local directory, or of a GPT-2 size from the Hugging Face
     Hub (cached after one download, with a progress bar); the name is checked before any download."""
-    if not isinstance(path_or_name, (str, Path)):
-        raise TypeError(f"path_or_name must be a directory path or a GPT-2 name, got {type(path_or_name).__name__}")
-    path = Path(path_or_name)
+    path = Path(path_or_name)  # neither a str nor a path: Python's TypeError
     if path.is_dir():
         return folder_files(path)
     if isinstance(path_or_name, str) and path_or_name in GPT2_HUB_REPOS:
@@ -249,9 +242,6 @@ def gpt2_files(path_or_name: str | Path) -> tuple[Path, list[Path]]:
             raise OSError(f"could not download {path_or_name!r} ({repo}) from the Hugging Face Hub: check the "
                           "network, or fetch config.json and model.safetensors elsewhere and pass their "
                           f"directory. The Hub said: {error}") from error
-    if path.exists():
-        raise ValueError(f"{path} is a file, not a directory: pass the directory that holds config.json and "
-                         "model.safetensors")
     raise ValueError(f"{str(path_or_name)!r} is neither a directory nor a GPT-2 name: pass a directory with "
                      f"config.json and model.safetensors, or one of {', '.join(GPT2_HUB_REPOS)}")
 
@@ -303,7 +293,6 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
     """Our model's weights under the names of a Hugging Face GPT2LMHeadModel, on the CPU.
 
     A model built without qkv biases gets zero c_attn biases: Linear(x) + 0 is the same function."""
-    check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
     params = dict(model.named_parameters())
     hf_state, qkv = {}, {}  # qkv: fused name -> [query, key, value] pieces in that order
     for ours, hf, part, transpose in expand_name_map(model.cfg.n_layers):
@@ -329,13 +318,9 @@ def save_gpt2(model: GPTModel, directory: str | Path) -> Path:
     load_gpt2 both read: config.json, generation_config.json, model.safetensors, and, for GPT-2's vocabulary,
     GPT-2's tokenizer files (so pipeline("text-generation", directory) works offline). Returns the directory."""
     check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
-    if not isinstance(directory, (str, Path)):
-        raise TypeError(f"directory must be a path, got {type(directory).__name__}")
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"{directory} is a file: pass a directory (it is created if it does not exist)")
     hf_state = hf_state_from(model)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)  # a file of that name: Python's FileExistsError names it
     index = directory / "model.safetensors.index.json"
     if index.is_file():  # an earlier sharded save: its shards would shadow or contradict the new weights
         for shard in set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()):

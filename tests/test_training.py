@@ -50,7 +50,7 @@ def test_a_damaged_corpus_is_refused(tmp_path, monkeypatch):
     damaged = tmp_path / "shakespeare.txt"
     damaged.write_bytes(SHAKESPEARE_FILE.read_bytes()[:-1])
     monkeypatch.setattr(training, "SHAKESPEARE_FILE", damaged)
-    with pytest.raises(ValueError, match=r"shakespeare.txt has sha256 \w+, expected dffdc9cb.*damaged"):
+    with pytest.raises(ValueError, match=r"shakespeare.txt is damaged: sha256 \w+, not dffdc9cb\w+; restore it"):
         load_shakespeare()
 
 
@@ -67,8 +67,11 @@ def test_split_is_by_position(corpus):
     ([1, 2, 3], 0.1, TypeError, r"token_ids must be a torch.Tensor of token ids, got list"),
     (torch.rand(5), 0.1, TypeError, r"token_ids must hold integer token ids, got dtype torch.float32"),
     (torch.zeros(2, 5, dtype=torch.long), 0.1, ValueError, r"token_ids must be 1-D \(tokens,\), got shape \(2, 5\)"),
-    (torch.arange(10), 0.0, ValueError, r"val_fraction must be in \(0, 1\), got 0.0: the share kept back"),
-    (torch.arange(10), 1, ValueError, r"val_fraction must be in \(0, 1\), got 1: the share kept back"),
+    (torch.arange(10), 0.0, ValueError, r"val_fraction 0.0 of 10 tokens leaves one part empty: use a longer text or "
+                                        r"a val_fraction in \(0, 1\)"),
+    (torch.arange(10), 1, ValueError, r"val_fraction 1 of 10 tokens leaves one part empty"),
+    (torch.arange(10), 1.5, ValueError, r"val_fraction 1.5 of 10 tokens leaves one part empty"),
+    (torch.arange(10), -0.5, ValueError, r"val_fraction -0.5 of 10 tokens leaves one part empty"),
     (torch.arange(1), 0.1, ValueError, r"val_fraction 0.1 of 1 tokens leaves one part empty"),
     (torch.arange(10), 1e-17, ValueError, r"val_fraction 1e-17 of 10 tokens leaves one part empty"),
 ])
@@ -92,8 +95,8 @@ def test_get_batch_cuts_shifted_windows(corpus):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
-    (dict(context_length=2.0), TypeError, r"context_length must be an int, got 2.0"),
-    (dict(generator=123), TypeError, r"generator must be a Generator, got int: create one with torch.Generator"),
+    (dict(context_length=2.0), TypeError, r"randint\(\) received an invalid combination of arguments - got \(float"),
+    (dict(generator=123), AttributeError, r"'int' object has no attribute 'device'"),  # Python's own message
     (dict(context_length=10), ValueError, r"context_length must be in \[1, 9\], got 10: a window holds context_length \+ 1"),
 ])
 def test_get_batch_errors(kwargs, error, message):
@@ -128,8 +131,9 @@ def test_cross_entropy_is_stable_where_log_of_softmax_is_not():
 
 
 @pytest.mark.parametrize("logits, targets, error, message", [
-    (torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), TypeError, r"logits must be a float tensor \(batch, tokens, vocab_size\), got \(2, 3\)"),
-    (torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), ValueError, r"targets has shape \(2, 4\) but logits \(2, 3, 5\) need \(2, 3\): one target id per position"),
+    (torch.zeros(2, 3, 5, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long), NotImplementedError, r"not implemented for 'Long'"),  # PyTorch's
+    (torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long), ValueError, r"targets has shape \(2, 3\), logits \(2, 3\): one id per position"),
+    (torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long), ValueError, r"targets has shape \(2, 4\), logits \(2, 3, 5\): one id per position"),
     (torch.zeros(2, 3, 5), torch.zeros(2, 3), TypeError, r"targets must hold integer token ids, got dtype torch.float32: convert with .long\(\)"),
     (torch.zeros(1, 2, 5), torch.tensor([[0, 5]]), ValueError, r"targets holds token id 5 >= vocab_size 5"),
     (torch.zeros(1, 2, 5), torch.tensor([[0, -1]]), ValueError, r"targets holds token id -1 < 0"),
@@ -160,10 +164,8 @@ def test_lr_schedule_values():
     assert lr_at(100, tcfg) == pytest.approx(1e-4)  # the last step
     lrs = [lr_at(s, tcfg) for s in range(101)]
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10])) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    with pytest.raises(ValueError, match=r"step must be in \[0, 101\), got 101: past the run: add total_steps"):
-        lr_at(101, tcfg)
-    with pytest.raises(ValueError, match=r"step must be >= 0, got -1"):
-        lr_at(-1, tcfg)
+    # lr_at trusts its step: train(), which alone calls it with steps it did not make, refuses steps outside the
+    # run (test_train_errors)
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
@@ -225,7 +227,8 @@ def test_a_single_batch_can_be_memorised(corpus):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(stop_step=13), r"stop_step must be in \[0, 12\], got 13: the schedule ends at total_steps"),
-    (dict(start_step=5, stop_step=4), r"stop_step must be >= 5, got 4"),
+    (dict(start_step=5, stop_step=4), r"stop_step must be in \[5, 12\], got 4"),
+    (dict(start_step=-1), r"start_step must be >= 0, got -1"),
 ])
 def test_train_errors(corpus, kwargs, message):
     model = tiny_model(corpus[1])
@@ -308,7 +311,7 @@ def edited(tmp_path, corpus, change):
 
 
 def test_missing_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"checkpoint .*nowhere.pt does not exist: check the path"):
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: '.*nowhere.pt'"):  # Python's own
         load_checkpoint(tmp_path / "nowhere.pt")
 
 
@@ -324,8 +327,8 @@ def test_a_file_that_is_no_checkpoint(tmp_path):
     with pytest.raises(ValueError, match=r"notes.pt cannot be read"):
         load_checkpoint(tmp_path / "notes.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match=r"other.pt is not a course_lib training checkpoint of this version "
-                                         r"\(format None, expected 'course_lib.training checkpoint v2'"):
+    with pytest.raises(ValueError, match=r"other.pt has format None, not this version's "
+                                         r"'course_lib.training checkpoint v2'; save it again"):
         load_checkpoint(tmp_path / "other.pt")
 
 
@@ -334,25 +337,27 @@ def test_a_version_1_checkpoint_is_refused_clearly(tmp_path, corpus):
     payload["format"] = "course_lib.training checkpoint v1"
     payload["tie_weights"] = payload["model_config"].pop("tie_weights")  # how v1 stored it
     torch.save(payload, tmp_path / "old.pt")
-    with pytest.raises(ValueError, match=r"old.pt is not a course_lib training checkpoint of this version \(format "
-                                         r"'course_lib.training checkpoint v1', expected 'course_lib.training "
-                                         r"checkpoint v2'; v1 kept tie_weights outside the model config\); save it "
-                                         r"again with save_checkpoint"):
+    with pytest.raises(ValueError, match=r"old.pt has format 'course_lib.training checkpoint v1', not this "
+                                         r"version's 'course_lib.training checkpoint v2'; save it again with "
+                                         r"save_checkpoint"):
         load_checkpoint(tmp_path / "old.pt")
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda p: p.pop("optimizer"), r"edited.pt lacks \['optimizer'\]"),
     (lambda p: p["model_config"].update(emb_dim=33), r"edited.pt holds a config this version cannot build "
                                                      r"\(emb_dim 33 is not divisible by n_heads 2"),
     (lambda p: p["model"].pop("final_norm.scale"), r"edited.pt is damaged: the stored weights do not fit its own config "
                                                    r"\(Missing key\(s\) in state_dict: \"final_norm.scale\""),
-    (lambda p: p["tokenizer"]["chars"].pop(), r"edited.pt is inconsistent: its tokenizer has 64 tokens but "
-                                               r"its model has vocab_size 65"),
+    (lambda p: p["tokenizer"]["chars"].pop(), r"edited.pt is inconsistent: a tokenizer of 64 tokens, a model of 65"),
 ])
 def test_damaged_checkpoints(tmp_path, corpus, change, message):
     with pytest.raises(ValueError, match=message):
         load_checkpoint(edited(tmp_path, corpus, change))
+
+
+def test_a_checkpoint_without_an_entry_names_it(tmp_path, corpus):
+    with pytest.raises(KeyError, match="optimizer"):  # Python's own: only a hand-edited file lacks one
+        load_checkpoint(edited(tmp_path, corpus, lambda p: p.pop("optimizer")))
 
 
 def test_a_checkpoint_of_another_shape_or_vocabulary(tmp_path, corpus):
@@ -360,7 +365,7 @@ def test_a_checkpoint_of_another_shape_or_vocabulary(tmp_path, corpus):
     other = GPTConfig(vocab_size=65, drop_rate=0.0, tie_weights=False, **(TINY | dict(emb_dim=64)))
     with pytest.raises(ValueError, match=r"good.pt holds a model with emb_dim 32 \(you expect 64\); build"):
         load_checkpoint(path, expected_config=other)
-    with pytest.raises(ValueError, match=r"good.pt was trained with another vocabulary than expected_tokenizer"):
+    with pytest.raises(ValueError, match=r"good.pt holds another vocabulary than expected_tokenizer; use ckpt.tokenizer"):
         load_checkpoint(path, expected_tokenizer=CharTokenizer.from_text("abc"))
     ckpt = load_checkpoint(path, expected_config=ckpt_cfg(corpus), expected_tokenizer=corpus[1])
     assert ckpt.step == 0
@@ -373,7 +378,7 @@ def ckpt_cfg(corpus):
 def test_save_checkpoint_errors(tmp_path, corpus):
     model = tiny_model(corpus[1])
     optimizer = make_optimizer(model, TCFG)
-    with pytest.raises(TypeError, match=r"model must be a GPTModel, got Linear"):
+    with pytest.raises(AttributeError, match=r"'Linear' object has no attribute 'cfg'"):  # Python's own
         save_checkpoint(tmp_path / "x.pt", torch.nn.Linear(2, 2), optimizer, corpus[1], TCFG, 0, torch.Generator())
     with pytest.raises(TypeError, match=r"tokenizer must be a CharTokenizer or gpt2_tokenizer\(\), got dict"):
         save_checkpoint(tmp_path / "x.pt", model, optimizer, {}, TCFG, 0, torch.Generator())
@@ -386,20 +391,21 @@ def test_a_history_that_could_not_be_loaded_back_is_refused_at_save(tmp_path, co
     import numpy as np
     model = tiny_model(corpus[1])
     history = training.new_history()
-    history["loss"].append(np.float64(2.5))  # e.g. from np.mean
-    with pytest.raises(TypeError, match=r"history\['loss'\]\[0\] is a numpy.float64, which a checkpoint cannot load "
-                                        r"back safely: store plain Python values, e.g. float\(x\)"):
+    history["loss"].append(np.float32(2.5))  # e.g. from a float32 array's mean
+    with pytest.raises(TypeError, match=r"Object of type float32 is not JSON serializable"):  # Python's own
         save_checkpoint(tmp_path / "x.pt", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0,
                         torch.Generator(), history)
     assert not list(tmp_path.iterdir()), "nothing written"
-    history["loss"][0] = 2.5
-    load_checkpoint(save_checkpoint(tmp_path / "x.pt", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0,
-                                    torch.Generator(), history))
+    history["loss"][0] = np.float64(2.5)  # a subclass of float: stored as the plain float 2.5
+    ckpt = load_checkpoint(save_checkpoint(tmp_path / "x.pt", model, make_optimizer(model, TCFG), corpus[1], TCFG,
+                                           0, torch.Generator(), history))
+    assert ckpt.history["loss"] == [2.5] and type(ckpt.history["loss"][0]) is float
 
 
 def test_only_the_optimizer_load_checkpoint_can_rebuild_is_saved(tmp_path, corpus):
     model = tiny_model(corpus[1])
-    with pytest.raises(TypeError, match=r"optimizer must be a AdamW, got SGD: build it with make_optimizer"):
+    with pytest.raises(TypeError, match=r"optimizer must be a AdamW, got SGD: load_checkpoint rebuilds "
+                                        r"make_optimizer\(model, tcfg\)"):
         save_checkpoint(tmp_path / "x.pt", model, torch.optim.SGD(model.parameters(), lr=0.1), corpus[1], TCFG, 0,
                         torch.Generator())
 
@@ -407,10 +413,10 @@ def test_only_the_optimizer_load_checkpoint_can_rebuild_is_saved(tmp_path, corpu
 def test_directories_are_named_as_directories(tmp_path, corpus):
     model = tiny_model(corpus[1])
     (tmp_path / "runs").mkdir()
-    with pytest.raises(ValueError, match=r"runs is a directory: pass a file path inside it, e.g. .*runs/run.pt"):
+    with pytest.raises(IsADirectoryError, match=r"Is a directory: '.*runs.partial' -> '.*runs'"):  # Python's own
         save_checkpoint(tmp_path / "runs", model, make_optimizer(model, TCFG), corpus[1], TCFG, 0, torch.Generator())
     assert list(tmp_path.iterdir()) == [tmp_path / "runs"], "no .partial left behind"
-    with pytest.raises(IsADirectoryError, match=r"checkpoint .*runs is a directory: pass the checkpoint file"):
+    with pytest.raises(IsADirectoryError, match=r"Is a directory: '.*runs'"):  # Python's own
         load_checkpoint(tmp_path / "runs")
 
 
