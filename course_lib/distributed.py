@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['PRESETS', 'RUN_CHECKPOINT_FORMAT', 'flops_per_token', 'matmul_peak', 'RunConfig', 'environment',
-           'pick_device_and_backend', 'accumulation_steps', 'save_run', 'load_run', 'pretrain', 'evaluate_shards',
-           'main']
+           'pick_device_and_backend', 'accumulation_steps', 'save_run', 'load_run', 'pretrain', 'shard_loaders',
+           'build_run', 'job_peak', 'train_step', 'log_step', 'evaluate_shards', 'main']
 
 # %% ../notebooks/13_scaling_up.ipynb #2c7557e2
 import argparse
@@ -37,8 +37,8 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> int:
 def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int = 2048,
                 repeats: int = 5) -> float:
     "FLOP/s of the fastest of `repeats` square matmuls of this size: the peak that MFU is measured against."
-    check_int("size", size, minimum=1)
-    check_int("repeats", repeats, minimum=1)
+    for name, value in (("size", size), ("repeats", repeats)):
+        check_int(name, value, minimum=1)  # size 0 would time nothing, repeats 0 would leave no timing
     device = as_device(device)
     a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
     times = []
@@ -62,7 +62,7 @@ PRESETS = {  # name -> (model, schedule): notebook 09's character model, and GPT
                               eval_batches=20)),
 }
 
-
+# %% ../notebooks/13_scaling_up.ipynb #8c48bc70-1
 @dataclass(frozen=True)
 class RunConfig:
     "One pretraining run: the data, the batch in tokens, the precision and where checkpoints go."
@@ -80,16 +80,14 @@ class RunConfig:
     backend: str | None = None  # None: nccl on CUDA, gloo on the CPU
 
     def __post_init__(self):
-        if self.preset not in PRESETS:
-            raise ValueError(f"preset {self.preset!r} is unknown: choose one of {sorted(PRESETS)}")
+        known = {"preset": sorted(PRESETS), "dtype": ["float32", "bfloat16"], "backend": [None, "gloo", "nccl"]}
+        for name, choices in known.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} {getattr(self, name)!r} is unknown: choose one of {choices}")
         for name in ("batch_tokens", "micro_batch", "checkpoint_every"):
             check_int(name, getattr(self, name), minimum=1)
         if self.total_steps is not None:
             check_int("total_steps", self.total_steps, minimum=1)
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype {self.dtype!r} is unknown: 'float32' or 'bfloat16'")
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ValueError(f"backend {self.backend!r} is unknown: 'gloo' (CPU) or 'nccl' (CUDA GPUs)")
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355
 def environment() -> tuple[int, int, int]:
@@ -103,9 +101,6 @@ def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.devi
     device = as_device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank if device.index is None else device.index)  # one GPU per rank
-        if device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device}: this machine shows {torch.cuda.device_count()} GPU(s); start at most "
-                             "that many processes per node, or leave device unset")
     backend = run.backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"backend 'nccl' needs CUDA GPUs; this rank runs on {device}: use backend 'gloo' "
@@ -177,12 +172,24 @@ def pretrain(run: RunConfig, progress: bool = True) -> dict:
         if world_size > 1:
             dist.destroy_process_group()
 
-# %% ../notebooks/13_scaling_up.ipynb #95055431
-def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, progress: bool) -> dict:
-    data_dir, out_dir = Path(run.data_dir), Path(run.out_dir)
-    if not (data_dir / "meta.json").is_file():
-        raise FileNotFoundError(f"{data_dir / 'meta.json'} does not exist: write the shards first with "
-                                f"python -m course_lib.pretrain prepare {data_dir}")
+# %% ../notebooks/13_scaling_up.ipynb #shard-loaders
+def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfig, rank: int, world_size: int) -> dict:
+    "split -> its ShardLoader for this rank, steps of run.batch_tokens tokens over all ranks."
+    rows = run.batch_tokens // context_length  # windows per optimizer step, all ranks together
+    fixes = {"train": "a smaller val_tokens or more text", "val": "a larger val_tokens"}
+    loaders = {}
+    for split, fix in fixes.items():
+        try:
+            loaders[split] = ShardLoader([data_dir / name for name in meta["shards"][split]], context_length,
+                                         run.micro_batch, rank, world_size, run.seed, rows_per_step=rows)
+        except ValueError as error:
+            raise ValueError(f"{split} shards of {data_dir}: {error} (prepare with {fix})") from error
+    return loaders
+
+# %% ../notebooks/13_scaling_up.ipynb #build-run
+def build_run(run: RunConfig, rank: int, world_size: int, device: torch.device) -> tuple:
+    "(model, optimizer, schedule, micro-batches per step and rank, loaders) of a run; a missing meta.json: FileNotFoundError."
+    data_dir = Path(run.data_dir)
     meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
     cfg, tcfg = PRESETS[run.preset]
     cfg = replace(cfg, vocab_size=meta["vocab_size"])
@@ -192,71 +199,81 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
     torch.manual_seed(run.seed)  # the same initial weights on every rank (DDP also copies rank 0's)
     model = GPTModel(cfg).to(device)
     optimizer = make_optimizer(model, tcfg)
-    rows = run.batch_tokens // cfg.context_length  # windows per optimizer step, all ranks together
-    loaders = {}
-    for split in ("train", "val"):
-        try:
-            loaders[split] = ShardLoader([data_dir / name for name in meta["shards"][split]], cfg.context_length,
-                                         run.micro_batch, rank, world_size, run.seed, rows_per_step=rows)
-        except ValueError as error:
-            raise ValueError(f"{split} shards of {data_dir}: {error} (for validation: prepare with a larger "
-                             "val_tokens)") from error
-    train, val = loaders["train"], loaders["val"]
+    return model, optimizer, tcfg, accumulate, shard_loaders(data_dir, meta, cfg.context_length, run, rank, world_size)
+
+# %% ../notebooks/13_scaling_up.ipynb #job-peak
+def job_peak(device: torch.device, dtype: str, world_size: int) -> float:
+    "FLOP/s of the whole job: the sum of every rank's matmul_peak, measured at the same time."
+    peak = torch.tensor(matmul_peak(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32,
+                                    size=4096 if device.type == "cuda" else 2048), device=device)
+    if world_size > 1:
+        dist.all_reduce(peak)
+    return peak.item()
+
+# %% ../notebooks/13_scaling_up.ipynb #train-step
+def train_step(forward, ddp, optimizer, loader: ShardLoader, accumulate: int, autocast, lr: float, grad_clip: float,
+               device: torch.device) -> float:
+    "One optimizer step of accumulate micro-batches at learning rate lr; returns its loss, averaged over the ranks."
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    under_ddp = isinstance(ddp, DistributedDataParallel)
+    step_loss = torch.zeros((), device=device)
+    for micro in range(accumulate):
+        inputs, targets = (t.to(device) for t in loader.next_batch())  # (micro_batch, context_length) each
+        sync = micro == accumulate - 1  # DDP all-reduces the gradients only in the last backward pass
+        with (nullcontext() if sync or not under_ddp else ddp.no_sync()):
+            with autocast:
+                loss = batch_loss(forward, inputs, targets) / accumulate
+            loss.backward()
+        step_loss += loss.detach()
+    nn.utils.clip_grad_norm_(ddp.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if under_ddp:
+        dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)  # for the record only: the gradients are already averaged
+    return step_loss.item()
+
+# %% ../notebooks/13_scaling_up.ipynb #log-step
+def log_step(history: dict, bar, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float) -> None:
+    "Record step + 1's loss, learning rate, throughput and MFU; show them on the bar."
+    for key, value in zip(("step", "loss", "lr", "tokens_per_s", "mfu"), (step + 1, loss, lr, tokens_per_s, mfu)):
+        history[key].append(value)
+    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=f"{mfu:.0%}", refresh=False)
+
+# %% ../notebooks/13_scaling_up.ipynb #95055431
+def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, progress: bool) -> dict:
+    model, optimizer, tcfg, accumulate, loaders = build_run(run, rank, world_size, device)
+    out_dir = Path(run.out_dir)
     checkpoint = out_dir / "checkpoint.pt"
-    step, history = 0, {"step": [], "loss": [], "lr": [], "tokens_per_s": [], "mfu": [], "eval_step": [],
-                        "val_loss": []}
+    step, history = 0, {key: [] for key in ("step", "loss", "lr", "tokens_per_s", "mfu", "eval_step", "val_loss")}
     if checkpoint.exists():
-        step, history = load_run(checkpoint, model, optimizer, run, world_size, train, device)
+        step, history = load_run(checkpoint, model, optimizer, run, world_size, loaders["train"], device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                   broadcast_buffers=False) if world_size > 1 else model  # buffers: constant masks
     forward = torch.compile(ddp) if run.compile else ddp
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if run.dtype == "bfloat16" else nullcontext()
-    flops = flops_per_token(cfg, sum(p.numel() for p in model.parameters()))
-    peak = torch.tensor(matmul_peak(device, torch.bfloat16 if run.dtype == "bfloat16" else torch.float32,
-                                    size=4096 if device.type == "cuda" else 2048), device=device)
-    if world_size > 1:
-        dist.all_reduce(peak)  # every rank measured at the same time: the sum is the whole job's peak
+    flops = flops_per_token(model.cfg, sum(p.numel() for p in model.parameters()))
+    peak = job_peak(device, run.dtype, world_size)
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(range(step, tcfg.total_steps), desc=f"pretraining on {world_size} process(es)", disable=not progress,
                mininterval=1.0)
     model.train()
     for step in bar:
-        started = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, tcfg)
-        step_loss = torch.zeros((), device=device)
-        for micro in range(accumulate):
-            inputs, targets = (t.to(device) for t in train.next_batch())  # (micro_batch, context_length) each
-            sync = micro == accumulate - 1  # DDP all-reduces the gradients only in the last backward pass
-            with (nullcontext() if sync or world_size == 1 else ddp.no_sync()):
-                with autocast:
-                    loss = batch_loss(forward, inputs, targets) / accumulate
-                loss.backward()
-            step_loss += loss.detach()
-        nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if world_size > 1:
-            dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)  # for the record only: the gradients are already averaged
+        started, lr = time.perf_counter(), lr_at(step, tcfg)
+        loss = train_step(forward, ddp, optimizer, loaders["train"], accumulate, autocast, lr, tcfg.grad_clip, device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the GPU runs behind the Python code: wait for it before timing
-        seconds = time.perf_counter() - started
-        tokens_per_s = run.batch_tokens / seconds
-        history["step"].append(step + 1)
-        history["loss"].append(step_loss.item())
-        history["lr"].append(optimizer.param_groups[0]["lr"])
-        history["tokens_per_s"].append(tokens_per_s)
-        history["mfu"].append(tokens_per_s * flops / peak.item())
-        bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", tok_s=f"{tokens_per_s:.0f}",
-                        mfu=f"{history['mfu'][-1]:.0%}", refresh=False)
+        tokens_per_s = run.batch_tokens / (time.perf_counter() - started)
+        log_step(history, bar, step, loss, lr, tokens_per_s, tokens_per_s * flops / peak)
         last = step + 1 == tcfg.total_steps
         if (step + 1) % tcfg.eval_every == 0 or last:
             history["eval_step"].append(step + 1)
-            history["val_loss"].append(evaluate_shards(model, val, tcfg.eval_batches, world_size, autocast, device))
+            history["val_loss"].append(evaluate_shards(model, loaders["val"], tcfg.eval_batches, world_size, autocast,
+                                                       device))
         if (step + 1) % run.checkpoint_every == 0 or last:
             if rank == 0:
-                save_run(checkpoint, model, optimizer, run, world_size, step + 1, train, history)
+                save_run(checkpoint, model, optimizer, run, world_size, step + 1, loaders["train"], history)
             if world_size > 1:
                 dist.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
     bar.close()

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER_BYTES', 'HEADER_LAYOUT', 'write_shard', 'ShardHeader', 'read_header',
-           'read_shard', 'prepare', 'ShardLoader']
+           'read_shard', 'prepare', 'ShardWindows', 'rank_windows', 'LoaderPosition', 'ShardLoader']
 
 # %% ../notebooks/13_scaling_up.ipynb #shards-imports
 import json
@@ -28,14 +28,10 @@ HEADER_LAYOUT = "<16sIIIQ"  # little-endian: 16 bytes, three uint32, one uint64
 # %% ../notebooks/13_scaling_up.ipynb #4708d327-1
 def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
     "Write token ids as a shard: a 64-byte header, then one little-endian uint16 per token (atomically)."
-    check_int("vocab_size", vocab_size, minimum=1)
-    if vocab_size > 2**16:
-        raise ValueError(f"vocab_size {vocab_size} does not fit a uint16 shard (at most 65536 token ids)")
-    if not isinstance(token_ids, Tensor) or token_ids.dim() != 1 or token_ids.dtype.is_floating_point:
-        raise TypeError(f"token_ids must be a 1-D integer tensor, got {getattr(token_ids, 'shape', type(token_ids))}")
     low, high = (int(token_ids.long().min()), int(token_ids.long().max())) if len(token_ids) else (0, 0)
-    if not 0 <= low <= high < vocab_size:
-        raise ValueError(f"token_ids must lie in [0, {vocab_size}), got [{low}, {high}]")
+    if token_ids.dim() != 1 or token_ids.dtype.is_floating_point or not 0 <= low <= high < vocab_size <= 2**16:
+        raise ValueError(f"token_ids must be 1-D integer ids in [0, vocab_size={vocab_size}), vocab_size <= 65536 "
+                         f"(uint16); got shape {tuple(token_ids.shape)}, {token_ids.dtype}, ids in [{low}, {high}]")
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     header = struct.pack(HEADER_LAYOUT, SHARD_MAGIC, SHARD_VERSION, 2, vocab_size, len(token_ids))
@@ -65,32 +61,20 @@ class ShardHeader:
 def read_header(path: str | Path) -> ShardHeader:
     "The shard's header, checked against the file: a clear error for anything that is not a complete shard."
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"shard {path} does not exist: write shards with prepare(...)")
-    with open(path, "rb") as f:
-        raw = f.read(HEADER_BYTES)
-    if len(raw) < HEADER_BYTES or raw[:16] != SHARD_MAGIC:
-        raise ValueError(f"{path} is not a course_lib token shard (no {SHARD_MAGIC!r} header): "
-                         "write shards with prepare(...) or write_shard(...)")
+    with open(path, "rb") as f:  # a missing file: FileNotFoundError names it
+        raw = f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0")
     magic, version, bytes_per_token, vocab_size, n_tokens = struct.unpack_from(HEADER_LAYOUT, raw)
-    if version != SHARD_VERSION:
-        raise ValueError(f"{path} is a version {version} shard; this course_lib reads version {SHARD_VERSION}: "
-                         "prepare the data again")
-    if bytes_per_token != 2:
-        raise ValueError(f"{path} stores {bytes_per_token} bytes per token; shards hold uint16 (2 bytes): "
-                         "prepare the data again with prepare(...)")
-    expected = HEADER_BYTES + 2 * n_tokens
-    if path.stat().st_size != expected:
-        raise ValueError(f"{path} has {path.stat().st_size} bytes, its header promises {expected} "
-                         f"({n_tokens} tokens): the file is truncated or damaged; prepare the data again")
+    found = (magic, version, bytes_per_token, path.stat().st_size, sys.byteorder)
+    expected = (SHARD_MAGIC, SHARD_VERSION, 2, HEADER_BYTES + 2 * n_tokens, "little")
+    if found != expected:
+        raise ValueError(f"{path} is not a whole course_lib shard: (magic, version, bytes per token, file size, "
+                         f"byte order) = {found}, expected {expected} for its {n_tokens} tokens; prepare the data again")
     return ShardHeader(version, bytes_per_token, vocab_size, n_tokens)
 
 # %% ../notebooks/13_scaling_up.ipynb #4708d327-4
 def read_shard(path: str | Path) -> Tensor:
     "The shard's tokens as a memory-mapped uint16 tensor (n_tokens,): pages load when read; writes never reach the file."
     header = read_header(path)
-    if sys.byteorder != "little":
-        raise RuntimeError("shards are little-endian; this machine is big-endian")
     if header.n_tokens == 0:
         return torch.empty(0, dtype=torch.uint16)
     mapped = torch.from_file(str(path), shared=False, size=HEADER_BYTES // 2 + header.n_tokens, dtype=torch.uint16)
@@ -100,11 +84,10 @@ def read_shard(path: str | Path) -> Tensor:
 def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_tokens: int = 100_000_000) -> dict:
     """Tokenize documents (an iterable of str) into out_dir: the first val_tokens tokens into val_000000.bin,
     the rest into train_000000.bin, train_000001.bin, ... of shard_tokens each, and a meta.json."""
-    check_int("val_tokens", val_tokens, minimum=1)
-    check_int("shard_tokens", shard_tokens, minimum=1)
-    if isinstance(documents, str):
-        raise TypeError("documents must be an iterable of texts, got one str (it would be read character by "
-                        "character): pass [text]")
+    for name, value in (("val_tokens", val_tokens), ("shard_tokens", shard_tokens)):
+        check_int(name, value, minimum=1)  # 0 would never fill a shard
+    if isinstance(documents, str):  # each character would become a document
+        raise TypeError("documents must be an iterable of texts, got one str: pass [text]")
     state = tokenizer_state(tokenizer)  # refuses a tokenizer it cannot record, before any work
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -130,60 +113,39 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
                 write("train" if shards["val"] else "val")
     if filled:
         write("train" if shards["val"] else "val")
-    if not shards["train"]:
-        raise ValueError(f"val_tokens={val_tokens} took every token: lower it, or give more text")
     meta = {"tokenizer": state, "vocab_size": vocab_size, "shards": shards,
             "tokens": {split: sum(read_header(out_dir / n).n_tokens for n in names) for split, names in shards.items()}}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     return meta
 
-# %% ../notebooks/13_scaling_up.ipynb #e0ac30fd
-class ShardLoader:
-    """Micro-batches of windows for one rank. A window is context_length + 1 consecutive tokens of one shard;
-    windows do not overlap. Each epoch orders all windows by a permutation of (seed, epoch), the same on every
-    rank, and cuts it into optimizer steps of rows_per_step windows (all ranks together). Within a step, rank r's
-    micro-batch j is block j * world_size + r of micro_batch windows, so the ranks share every step's windows."""
+# %% ../notebooks/13_scaling_up.ipynb #shardwin
+class ShardWindows:
+    """The windows of a list of shards, numbered on from one shard to the next: window k of a shard is its
+    context_length + 1 tokens from k * context_length on, so neighbouring windows share one token."""
 
-    def __init__(self, paths: list, context_length: int, micro_batch: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, rows_per_step: int | None = None):
-        check_int("context_length", context_length, minimum=1)
-        check_int("micro_batch", micro_batch, minimum=1)
-        check_int("world_size", world_size, minimum=1)
-        check_int("rank", rank, minimum=0)
-        check_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
-        rows_per_step = world_size * micro_batch if rows_per_step is None else rows_per_step
-        check_int("rows_per_step", rows_per_step, minimum=1)
-        if rows_per_step % (world_size * micro_batch):
-            raise ValueError(f"rows_per_step {rows_per_step} is not a multiple of world_size x micro_batch = "
-                             f"{world_size * micro_batch}: every rank must do whole micro-batches")
+    def __init__(self, paths: list, context_length: int):
         self.shards = [read_shard(p) for p in paths]
-        self.context_length, self.micro_batch, self.rank, self.world_size = context_length, micro_batch, rank, world_size
-        self.rows_per_step, self.accumulate = rows_per_step, rows_per_step // (world_size * micro_batch)
-        self.seed, self.epoch, self.position = seed, 0, 0  # position: micro-batches read in this epoch
+        self.context_length = context_length
         counts = torch.tensor([(len(s) - 1) // context_length if len(s) else 0 for s in self.shards])
         self.first_window = torch.cumsum(counts, 0) - counts  # (shards,): id of each shard's first window
         self.n_windows = int(counts.sum())
-        self.steps_per_epoch = self.n_windows // rows_per_step  # the rest of the permutation waits for the next epoch
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"the shards hold {self.n_windows} windows of {context_length + 1} tokens, fewer than "
-                             f"one step's {rows_per_step}: use more data, a smaller batch or a shorter context")
-        self.per_rank = self.steps_per_epoch * self.accumulate * micro_batch
-        self._order_epoch, self._order = None, None
-
-    def epoch_windows(self, epoch: int) -> Tensor:
-        "(per_rank,) the ids of the windows this rank reads in epoch `epoch`, in order."
-        if self._order_epoch != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            order = torch.randperm(self.n_windows, generator=generator)[:self.steps_per_epoch * self.rows_per_step]
-            blocks = order.view(self.steps_per_epoch, self.accumulate, self.world_size, self.micro_batch)
-            self._order_epoch, self._order = epoch, blocks[:, :, self.rank].flatten()  # (steps x accumulate x micro)
-        return self._order
 
     def window_tokens(self, window: int) -> Tensor:
         "The context_length + 1 tokens of one window, as int64."
         shard = int(torch.searchsorted(self.first_window, window, right=True)) - 1
         start = (window - int(self.first_window[shard])) * self.context_length
         return self.shards[shard][start:start + self.context_length + 1].long()
+
+# %% ../notebooks/13_scaling_up.ipynb #rankwin
+def rank_windows(order: Tensor, accumulate: int, world_size: int, micro_batch: int, rank: int) -> Tensor:
+    "This rank's windows of an epoch's order: a step's micro-batch j on rank r is block j * world_size + r."
+    blocks = order.view(-1, accumulate, world_size, micro_batch)  # (steps, accumulate, world_size, micro_batch)
+    return blocks[:, :, rank].flatten()  # (steps x accumulate x micro_batch,)
+
+# %% ../notebooks/13_scaling_up.ipynb #loaderpos
+class LoaderPosition:
+    """Where a ShardLoader is in its epochs (a base class of ShardLoader, which sets the attributes): next_batch reads
+    on from the position, and the state, epoch and position, is restored only for the settings that fix the order."""
 
     def next_batch(self) -> tuple[Tensor, Tensor]:
         "Inputs and targets (micro_batch, context_length); past the end of an epoch, the next one begins."
@@ -201,13 +163,47 @@ class ShardLoader:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        differ = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows")
-                  if state.get(k) != mine[k]]
-        if differ:
-            raise ValueError(f"the loader state was saved with {', '.join(f'{k}={state.get(k)}' for k in differ)}, this "
-                             f"loader has {', '.join(f'{k}={mine[k]}' for k in differ)}: resume with the same "
+        keys = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows") if state.get(k) != mine[k]]
+        saved, now = (", ".join(f"{k}={values.get(k)}" for k in keys) for values in (state, mine))
+        if keys:
+            raise ValueError(f"the loader state was saved with {saved}, this loader has {now}: resume with the same "
                              "data, seed, world size, batch and micro_batch")
         if not 0 <= state["position"] < self.per_rank // self.micro_batch:
-            raise ValueError(f"the loader state's position {state['position']} is outside an epoch of "
-                             f"{self.per_rank // self.micro_batch} micro-batches: the state is damaged")
+            raise ValueError(f"the loader state's position {state['position']} is outside an epoch: the state is damaged")
         self.epoch, self.position = state["epoch"], state["position"]
+
+# %% ../notebooks/13_scaling_up.ipynb #e0ac30fd
+class ShardLoader(LoaderPosition, ShardWindows):
+    """Micro-batches of windows for one rank. Each epoch orders all windows by a permutation of (seed, epoch), the
+    same on every rank, and cuts it into optimizer steps of rows_per_step windows (all ranks together), which
+    rank_windows shares out among the ranks."""
+
+    def __init__(self, paths: list, context_length: int, micro_batch: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, rows_per_step: int | None = None):
+        per_pass = world_size * micro_batch  # rows of one forward pass, all ranks together
+        rows_per_step = per_pass if rows_per_step is None else rows_per_step
+        for name, value in (("context_length", context_length), ("micro_batch", micro_batch),
+                            ("world_size", world_size), ("rows_per_step", rows_per_step)):
+            check_int(name, value, minimum=1)
+        check_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
+        if rows_per_step % per_pass:  # every rank must do whole micro-batches
+            raise ValueError(f"rows_per_step {rows_per_step} is not a multiple of world_size x micro_batch = {per_pass}")
+        super().__init__(paths, context_length)
+        self.micro_batch, self.rank, self.world_size, self.seed = micro_batch, rank, world_size, seed
+        self.rows_per_step, self.accumulate = rows_per_step, rows_per_step // per_pass
+        self.steps_per_epoch = self.n_windows // rows_per_step  # the rest of the permutation waits for the next epoch
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the shards hold {self.n_windows} windows of {context_length + 1} tokens, fewer than "
+                             f"one step's {rows_per_step}: use more data, a smaller batch or a shorter context")
+        self.per_rank = self.steps_per_epoch * self.accumulate * micro_batch
+        self.epoch, self.position = 0, 0  # position: micro-batches read in this epoch
+        self._order_epoch, self._order = None, None
+
+    def epoch_windows(self, epoch: int) -> Tensor:
+        "(per_rank,) the ids of the windows this rank reads in epoch `epoch`, in order."
+        if self._order_epoch != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.n_windows, generator=generator)[:self.steps_per_epoch * self.rows_per_step]
+            self._order_epoch = epoch
+            self._order = rank_windows(order, self.accumulate, self.world_size, self.micro_batch, self.rank)
+        return self._order

@@ -6,59 +6,35 @@ __all__ = ['GPT2_SPLIT_PATTERN', 'DATA_DIR', 'EOS_ID', 'GPT2_BPE_FILES', 'check_
            'create_dataloader']
 
 # %% ../notebooks/01_tokenization.ipynb #5d46c9bb
-import numbers
-from collections.abc import Iterable
+import math
+import operator
 import torch
 
-from .guards import check_bool, check_int, check_type
+from .guards import check_int
 
 
-def check_token_ids(ids, vocab_size: int | None = None, name: str = "ids") -> list[int]:
+def check_token_ids(ids, vocab_size: float = math.inf, name: str = "ids") -> list[int]:
     """Return `ids` (a sequence of ints or a 1-D tensor) as a list of ints in [0, vocab_size)."""
-    if isinstance(ids, torch.Tensor):
-        ids = ids.tolist()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"{name} must be a sequence of token ids (ints), got {type(ids).__name__}; "
-                        "turn text into ids with a tokenizer's encode() first")
-    checked = []
+    ids = [operator.index(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]  # not an int: TypeError
     for position, token_id in enumerate(ids):
-        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
-            raise TypeError(f"{name}[{position}] = {token_id!r} is not an int; token ids are whole numbers")
-        if token_id < 0:
-            raise ValueError(f"{name}[{position}] = {token_id} is negative; token ids start at 0")
-        if vocab_size is not None and token_id >= vocab_size:
-            raise ValueError(f"{name}[{position}] = {token_id} >= vocab_size {vocab_size}; "
-                             f"this tokenizer only knows ids 0 to {vocab_size - 1}")
-        checked.append(int(token_id))
-    return checked
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(f"{name}[{position}] = {token_id} is not a token id: they run from 0 to {vocab_size - 1}")
+    return ids
 
 # %% ../notebooks/01_tokenization.ipynb #c5f435e7
 class CharTokenizer:
     """One id per character: id i stands for chars[i]."""
 
     def __init__(self, chars):
-        if isinstance(chars, str) or not isinstance(chars, Iterable):
-            raise TypeError(f"chars must be a sequence of one-character strings, got {type(chars).__name__}; "
-                            "to build the vocabulary from a text use CharTokenizer.from_text(text)")
         self.chars = list(chars)
-        if not self.chars:
-            raise ValueError("chars is empty: a tokenizer needs at least one character; "
-                             "build one from a text with CharTokenizer.from_text(text)")
-        self.stoi = {}  # character -> id
+        self.stoi = {ch: i for i, ch in enumerate(self.chars)}  # character -> id
         for i, ch in enumerate(self.chars):
-            if not isinstance(ch, str) or len(ch) != 1:
-                raise ValueError(f"chars[{i}] = {ch!r} is not a single character")
-            if ch in self.stoi:
-                raise ValueError(f"chars[{i}] = {ch!r} repeats chars[{self.stoi[ch]}]; "
-                                 "every character needs exactly one id")
-            self.stoi[ch] = i
+            if not (isinstance(ch, str) and len(ch) == 1) or self.stoi[ch] != i:
+                raise ValueError(f"chars[{i}] = {ch!r}: every entry must be one character, and none may repeat")
 
     @classmethod
     def from_text(cls, text: str) -> "CharTokenizer":
         """The vocabulary is the sorted set of characters that occur in `text`."""
-        check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
-        if not text:
-            raise ValueError("text is empty: there are no characters to build a vocabulary from")
         return cls(sorted(set(text)))
 
     @property
@@ -66,12 +42,9 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
-        check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
-        unknown = next((position for position, ch in enumerate(text) if ch not in self.stoi), None)
-        if unknown is not None:
-            raise ValueError(f"character {text[unknown]!r} at position {unknown} is not in the vocabulary of "
-                             f"{self.vocab_size} characters; build the tokenizer from a text that "
-                             "contains it, e.g. CharTokenizer.from_text(training_text + new_text)")
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            raise ValueError(f"characters {unknown} are not in the vocabulary: build it from a text that has them")
         return [self.stoi[ch] for ch in text]
 
     def decode(self, ids) -> str:
@@ -121,9 +94,6 @@ def train_bpe(text: str, num_merges: int) -> list[tuple[bytes, bytes]]:
     Works on the UTF-8 bytes of each split_words chunk, so no merge crosses a chunk boundary. Each step
     merges the most frequent adjacent pair; a tie goes to the pair that sorts first as (left, right)
     bytes. Stops early when every chunk is a single symbol."""
-    check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
-    if not text:
-        raise ValueError("text is empty: BPE learns its merges from pair counts, so it needs some text")
     check_int("num_merges", num_merges, minimum=0)
     words = Counter(tuple(bytes([b]) for b in chunk.encode("utf-8")) for chunk in split_words(text))
     merges = []
@@ -145,14 +115,9 @@ class BPETokenizer:
         self.token_to_id = {token: i for i, token in self.vocab.items()}  # bytes -> id
         self.ranks = {}  # pair -> its position in merges: lower ranks are applied first
         for rank, pair in enumerate(merges):
-            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, bytes) for p in pair)):
-                raise TypeError(f"merges[{rank}] = {pair!r} is not a pair of bytes like (b'h', b'e')")
-            if pair in self.ranks:
-                raise ValueError(f"merges[{rank}] = {pair!r} repeats merges[{self.ranks[pair]}]")
-            for part in pair:
-                if part not in self.token_to_id:
-                    raise ValueError(f"merges[{rank}] = {pair!r} uses {part!r}, which no earlier merge made; "
-                                     "list the merges in the order they were learned")
+            if len(pair) != 2 or pair in self.ranks or not all(part in self.token_to_id for part in pair):
+                raise ValueError(f"merges[{rank}] = {pair!r} is not a new pair of tokens that earlier merges made, "
+                                 "like (b'h', b'e'): list the merges once each, in the order they were learned")
             self.ranks[pair] = rank
             self.vocab[256 + rank] = pair[0] + pair[1]
             self.token_to_id[pair[0] + pair[1]] = 256 + rank
@@ -163,7 +128,6 @@ class BPETokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Apply the merges to each chunk, always the earliest-learned pair first, as GPT-2 does."""
-        check_type("text", text, str, "pass a Python string (bytes: .decode('utf-8'))")
         ids = []
         for chunk in split_words(text):
             symbols = tuple(bytes([b]) for b in chunk.encode("utf-8"))
@@ -237,15 +201,12 @@ class GPTDataset(Dataset):
     is the same span shifted one token to the right."""
 
     def __init__(self, token_ids, context_length: int, stride: int):
-        check_int("context_length", context_length, minimum=1)
-        check_int("stride", stride, minimum=1)
+        for name, value in (("context_length", context_length), ("stride", stride)):
+            check_int(name, value, minimum=1)
         ids = check_token_ids(token_ids, name="token_ids")
-        if not ids:
-            raise ValueError("token_ids is empty: encode a non-empty text first")
         if len(ids) < context_length + 1:
             raise ValueError(f"token_ids has {len(ids)} tokens, but one window needs context_length + 1 = "
-                             f"{context_length + 1} (the target reaches one token further); "
-                             "use a longer text or a smaller context_length")
+                             f"{context_length + 1}: use a longer text or a smaller context_length")
         self.token_ids = torch.tensor(ids, dtype=torch.long)  # (num_tokens,)
         self.context_length = context_length
         self.stride = stride
@@ -254,9 +215,7 @@ class GPTDataset(Dataset):
         return (len(self.token_ids) - self.context_length - 1) // self.stride + 1
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"window {index} is out of range: the dataset has {len(self)} windows")
-        start = (index % len(self)) * self.stride
+        start = range(len(self))[index] * self.stride  # negative: from the end; past the end: IndexError
         window = self.token_ids[start:start + self.context_length + 1]  # (context_length + 1,)
         return window[:-1], window[1:]  # input, target: (context_length,) each
 
@@ -266,10 +225,6 @@ def create_dataloader(token_ids, batch_size: int, context_length: int, stride: i
     """Batches of (inputs, targets), each (batch_size, context_length), from a token stream.
 
     Shuffling draws from a torch.Generator seeded with `seed`: the same seed gives the same batches."""
-    check_int("batch_size", batch_size, minimum=1)
-    check_int("seed", seed, minimum=0)
-    check_bool("shuffle", shuffle)
-    check_bool("drop_last", drop_last)
     dataset = GPTDataset(token_ids, context_length, stride)
     if drop_last and len(dataset) < batch_size:
         raise ValueError(f"batch_size {batch_size} is larger than the {len(dataset)} windows, so drop_last=True "

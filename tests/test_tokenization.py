@@ -13,7 +13,6 @@ from course_lib.tokenization import (
 # The hashes tiktoken itself expects for GPT-2's tables (stated in issue 2).
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-TEXT_FIX = r": pass a Python string \(bytes: \.decode\('utf-8'\)\)"  # the end of every "text must be a str" error
 
 # Reference ids of Hugging Face's GPT-2 tokenizer; every one also agrees with our from-scratch
 # BPETokenizer run on GPT-2's merges (test_our_bpe_with_gpt2_merges_agrees_with_tiktoken).
@@ -120,18 +119,16 @@ def test_char_tokenizer_round_trip_and_vocabulary():
 
 def test_char_tokenizer_unknown_character():
     tok = CharTokenizer.from_text("hello world")
-    with pytest.raises(ValueError, match=r"character 'Z' at position 6 is not in the vocabulary of 8 characters; "
-                                         r"build the tokenizer from a text that contains it"):
+    with pytest.raises(ValueError, match=r"characters \['Z', 'a', 'b'\] are not in the vocabulary: build it from a text "
+                                         r"that has them"):
         tok.encode("hello Zebra")
 
 
 @pytest.mark.parametrize("chars, error, message", [
-    ([], ValueError, "chars is empty: a tokenizer needs at least one character"),
-    (["a", "bc"], ValueError, r"chars\[1\] = 'bc' is not a single character"),
-    (["a", 5], ValueError, r"chars\[1\] = 5 is not a single character"),
-    (["a", "b", "a"], ValueError, r"chars\[2\] = 'a' repeats chars\[0\]; every character needs exactly one id"),
-    ("abc", TypeError, r"chars must be a sequence of one-character strings, got str; .*from_text"),
-    (42, TypeError, "chars must be a sequence of one-character strings, got int"),
+    (["a", "bc"], ValueError, r"chars\[1\] = 'bc': every entry must be one character, and none may repeat"),
+    (["a", 5], ValueError, r"chars\[1\] = 5: every entry must be one character"),
+    (["a", "b", "a"], ValueError, r"chars\[0\] = 'a': every entry must be one character, and none may repeat"),
+    (42, TypeError, "'int' object is not iterable"),  # Python's own error
 ])
 def test_char_tokenizer_rejects_bad_vocabularies(chars, error, message):
     with pytest.raises(error, match=message):
@@ -139,33 +136,31 @@ def test_char_tokenizer_rejects_bad_vocabularies(chars, error, message):
 
 
 def test_char_tokenizer_from_text_errors():
-    with pytest.raises(ValueError, match="text is empty: there are no characters to build a vocabulary from"):
-        CharTokenizer.from_text("")
-    with pytest.raises(TypeError, match=r"text must be a str, got list" + TEXT_FIX):
-        CharTokenizer.from_text(["a"])
+    with pytest.raises(ValueError, match=r"chars\[0\] = 97: every entry must be one character"):
+        CharTokenizer.from_text(b"ab")  # bytes are a set of ints, refused by the constructor
+    with pytest.raises(TypeError, match="'int' object is not iterable"):
+        CharTokenizer.from_text(3)
 
 
 def test_char_tokenizer_encode_and_decode_errors():
     tok = CharTokenizer.from_text("abc")
-    with pytest.raises(TypeError, match=r"text must be a str, got int" + TEXT_FIX):
+    with pytest.raises(TypeError, match="'int' object is not iterable"):
         tok.encode(3)
-    with pytest.raises(ValueError, match=r"ids\[1\] = 3 >= vocab_size 3; this tokenizer only knows ids 0 to 2"):
+    with pytest.raises(ValueError, match=r"ids\[1\] = 3 is not a token id: they run from 0 to 2"):
         tok.decode([0, 3])
-    with pytest.raises(ValueError, match=r"ids\[0\] = -1 is negative; token ids start at 0"):
-        tok.decode([-1])
-    with pytest.raises(TypeError, match=r"ids\[1\] = 1.0 is not an int"):
+    with pytest.raises(ValueError, match=r"ids\[0\] = -1 is not a token id: they run from 0 to 2"):
+        tok.decode([-1])  # chars[-1] would silently be the last character
+    with pytest.raises(TypeError, match="'float' object cannot be interpreted as an integer"):
         tok.decode([0, 1.0])
-    with pytest.raises(TypeError, match=r"ids\[0\] = True is not an int"):
-        tok.decode([True])
-    with pytest.raises(TypeError, match="ids must be a sequence of token ids \\(ints\\), got str"):
+    with pytest.raises(TypeError, match="'str' object cannot be interpreted as an integer"):
         tok.decode("abc")
 
 
 def test_check_token_ids_accepts_tensors_and_rejects_2d():
     assert check_token_ids(torch.tensor([1, 2]), vocab_size=3) == [1, 2]
-    with pytest.raises(TypeError, match=r"token_ids\[0\] = \[1, 2\] is not an int"):
+    with pytest.raises(TypeError, match="'list' object cannot be interpreted as an integer"):
         check_token_ids(torch.tensor([[1, 2]]), name="token_ids")
-    with pytest.raises(TypeError, match="ids must be a sequence of token ids \\(ints\\), got int"):
+    with pytest.raises(TypeError, match="'int' object is not iterable"):
         check_token_ids(5)
 
 
@@ -194,7 +189,7 @@ def test_train_bpe_merges_a_tiny_text_as_worked_out_by_hand():
     assert tok.vocab_size == 260 and tok.vocab[259] == b" aaab"
     assert tok.encode("aaab aaab") == [258, 259]
     assert train_bpe("aaab aaab aaab", num_merges=2) == merges[:2]
-    assert train_bpe("abc", num_merges=0) == []
+    assert train_bpe("abc", num_merges=0) == [] and train_bpe("", num_merges=5) == []
 
 
 def test_train_bpe_tie_breaking_is_by_bytes_not_by_order_of_appearance():
@@ -218,8 +213,7 @@ def test_bpe_decode_of_a_cut_character_gives_the_replacement_character():
 
 
 @pytest.mark.parametrize("args, error, message", [
-    (("", 5), ValueError, "text is empty: BPE learns its merges from pair counts"),
-    ((b"abc", 5), TypeError, r"text must be a str, got bytes" + TEXT_FIX),
+    ((b"abc", 5), TypeError, "cannot use a string pattern on a bytes-like object"),  # the regex's own error
     (("abc", -1), ValueError, "num_merges must be >= 0, got -1"),
     (("abc", 2.0), TypeError, r"num_merges must be an int, got 2.0 \(float\)"),
     (("abc", True), TypeError, r"num_merges must be an int, got True \(bool\)"),
@@ -230,10 +224,11 @@ def test_train_bpe_rejects_bad_inputs(args, error, message):
 
 
 @pytest.mark.parametrize("merges, error, message", [
-    ([(b"a", b"b"), (b"ab",)], TypeError, r"merges\[1\] = \(b'ab',\) is not a pair of bytes"),
-    ([("a", "b")], TypeError, r"merges\[0\] = \('a', 'b'\) is not a pair of bytes"),
-    ([(b"a", b"b"), (b"a", b"b")], ValueError, r"merges\[1\] = \(b'a', b'b'\) repeats merges\[0\]"),
-    ([(b"ab", b"c")], ValueError, r"merges\[0\] = \(b'ab', b'c'\) uses b'ab', which no earlier merge made"),
+    ([(b"a", b"b"), (b"ab",)], ValueError, r"merges\[1\] = \(b'ab',\) is not a new pair of tokens"),
+    ([("a", "b")], ValueError, r"merges\[0\] = \('a', 'b'\) is not a new pair of tokens that earlier merges made"),
+    ([(b"a", b"b"), (b"a", b"b")], ValueError, r"merges\[1\] = \(b'a', b'b'\) is not a new pair of tokens"),
+    ([(b"ab", b"c")], ValueError, r"merges\[0\] = \(b'ab', b'c'\) is not a new pair of tokens that earlier merges "
+                                  r"made, like \(b'h', b'e'\): list the merges once each, in the order they were learned"),
 ])
 def test_bpe_tokenizer_rejects_bad_merges(merges, error, message):
     with pytest.raises(error, match=message):
@@ -242,9 +237,9 @@ def test_bpe_tokenizer_rejects_bad_merges(merges, error, message):
 
 def test_bpe_tokenizer_encode_and_decode_errors():
     tok = BPETokenizer([(b"a", b"b")])
-    with pytest.raises(TypeError, match=r"text must be a str, got bytes" + TEXT_FIX):
+    with pytest.raises(TypeError, match="cannot use a string pattern on a bytes-like object"):
         tok.encode(b"ab")
-    with pytest.raises(ValueError, match=r"ids\[0\] = 257 >= vocab_size 257"):
+    with pytest.raises(ValueError, match=r"ids\[0\] = 257 is not a token id: they run from 0 to 256"):
         tok.decode([257])
 
 
@@ -264,7 +259,7 @@ def test_dataset_length_and_windows(n, context_length, stride):
     last_start = (len(dataset) - 1) * stride
     assert last_start + context_length + 1 <= n < last_start + stride + context_length + 1  # no window missed
     assert torch.equal(dataset[-1][0], dataset[len(dataset) - 1][0])
-    with pytest.raises(IndexError, match=f"window {len(dataset)} is out of range"):
+    with pytest.raises(IndexError, match="range object index out of range"):
         dataset[len(dataset)]
 
 
@@ -282,18 +277,18 @@ def test_dataset_accepts_a_tensor():
 
 
 @pytest.mark.parametrize("token_ids, context_length, stride, error, message", [
-    ([], 4, 1, ValueError, "token_ids is empty: encode a non-empty text first"),
-    ("some text", 4, 1, TypeError, "token_ids must be a sequence of token ids \\(ints\\), got str; turn text"),
-    ([1, 2, 3, 4], 4, 1, ValueError, r"token_ids has 4 tokens, but one window needs context_length \+ 1 = 5 "
-                                     r"\(the target reaches one token further\); use a longer text"),
+    ([], 4, 1, ValueError, r"token_ids has 0 tokens, but one window needs context_length \+ 1 = 5"),
+    ("some text", 4, 1, TypeError, "'str' object cannot be interpreted as an integer"),
+    ([1, 2, 3, 4], 4, 1, ValueError, r"token_ids has 4 tokens, but one window needs context_length \+ 1 = 5: "
+                                     r"use a longer text or a smaller context_length"),
     (list(range(10)), 0, 1, ValueError, "context_length must be >= 1, got 0"),
     (list(range(10)), -3, 1, ValueError, "context_length must be >= 1, got -3"),
     (list(range(10)), 4, 0, ValueError, "stride must be >= 1, got 0"),
     (list(range(10)), 4.0, 1, TypeError, r"context_length must be an int, got 4.0 \(float\)"),
     (list(range(10)), 4, "2", TypeError, r"stride must be an int, got '2' \(str\)"),
-    ([0, 1, 2.5, 3, 4, 5], 2, 1, TypeError, r"token_ids\[2\] = 2.5 is not an int"),
-    ([0, 1, -2, 3, 4, 5], 2, 1, ValueError, r"token_ids\[2\] = -2 is negative"),
-    (torch.tensor([0.0, 1.0, 2.0]), 1, 1, TypeError, r"token_ids\[0\] = 0.0 is not an int"),
+    ([0, 1, 2.5, 3, 4, 5], 2, 1, TypeError, "'float' object cannot be interpreted as an integer"),
+    ([0, 1, -2, 3, 4, 5], 2, 1, ValueError, r"token_ids\[2\] = -2 is not a token id"),
+    (torch.tensor([0.0, 1.0, 2.0]), 1, 1, TypeError, "'float' object cannot be interpreted as an integer"),
 ])
 def test_dataset_rejects_bad_inputs(token_ids, context_length, stride, error, message):
     with pytest.raises(error, match=message):
@@ -332,17 +327,15 @@ def test_dataloader_is_reproducible_with_a_seed():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
-    ({"batch_size": 2.5}, TypeError, r"batch_size must be an int, got 2.5 \(float\)"),
+    ({"batch_size": 0}, ValueError, "batch_size should be a positive integer value, but got batch_size=0"),  # PyTorch's
+    ({"batch_size": 2.5}, ValueError, "batch_size should be a positive integer value, but got batch_size=2.5"),
     ({"batch_size": 8, "stride": 10}, ValueError, "batch_size 8 is larger than the 4 windows, so drop_last=True "
                                                   "would give no batch at all"),
-    ({"shuffle": 1}, TypeError, "shuffle must be True or False, got 1"),
-    ({"drop_last": None}, TypeError, "drop_last must be True or False, got None"),
-    ({"seed": 1.5}, TypeError, r"seed must be an int, got 1.5 \(float\)"),
-    ({"seed": -1}, ValueError, "seed must be >= 0, got -1"),
+    ({"drop_last": None}, ValueError, "drop_last should be a boolean value, but got drop_last=None"),
+    ({"seed": 1.5}, RuntimeError, "manual_seed expected a long, but got float"),
     ({"context_length": 0}, ValueError, "context_length must be >= 1, got 0"),
     ({"stride": 0}, ValueError, "stride must be >= 1, got 0"),
-    ({"token_ids": []}, ValueError, "token_ids is empty"),
+    ({"token_ids": []}, ValueError, "token_ids has 0 tokens"),
 ])
 def test_dataloader_rejects_bad_inputs(kwargs, error, message):
     args = {"token_ids": list(range(40)), "batch_size": 2, "context_length": 4, "stride": 4} | kwargs
