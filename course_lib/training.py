@@ -117,6 +117,9 @@ class TrainConfig:
 # %% ../notebooks/09_training.ipynb #9d38c27a
 def lr_at(step: int, tcfg: TrainConfig) -> float:
     """Rate of step `step` (from 0): linear warmup to max_lr, then half a cosine down to min_lr at the last step."""
+    check_int("step", step, minimum=0)  # past the last step the cosine would silently rise again
+    if step >= tcfg.total_steps:
+        raise ValueError(f"step {step} is past the run's last step {tcfg.total_steps - 1}")
     if step < tcfg.warmup_steps:
         return tcfg.max_lr * (step + 1) / tcfg.warmup_steps
     decay_steps = tcfg.total_steps - 1 - tcfg.warmup_steps
@@ -136,6 +139,7 @@ def make_optimizer(model: nn.Module, tcfg: TrainConfig) -> torch.optim.AdamW:
 def evaluate(model: GPTModel, splits: dict[str, Tensor], batch_size: int, num_batches: int,
              seed: int = 0) -> dict[str, float]:
     """Mean loss on num_batches batches of each split, in eval mode; the same windows at every call (`seed`)."""
+    check_int("num_batches", num_batches, minimum=1)  # 0 batches have no mean loss
     device = next(model.parameters()).device
     losses = {}
     with eval_mode(model):

@@ -164,8 +164,10 @@ def test_lr_schedule_values():
     assert lr_at(100, tcfg) == pytest.approx(1e-4)  # the last step
     lrs = [lr_at(s, tcfg) for s in range(101)]
     assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10])) and all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
-    # lr_at trusts its step: train(), which alone calls it with steps it did not make, refuses steps outside the
-    # run (test_train_errors)
+    with pytest.raises(ValueError, match=r"step 101 is past the run's last step 100"):
+        lr_at(101, tcfg)  # the cosine would silently rise again
+    with pytest.raises(ValueError, match=r"step must be >= 0, got -1"):
+        lr_at(-1, tcfg)
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
@@ -241,6 +243,8 @@ def test_evaluate_and_sampling_are_repeatable(corpus):
     model = tiny_model(tokenizer)
     first = evaluate(model, {"a": data[:5000], "b": data[5000:10000]}, 4, 2)
     assert first == evaluate(model, {"a": data[:5000], "b": data[5000:10000]}, 4, 2) and list(first) == ["a", "b"]
+    with pytest.raises(ValueError, match=r"num_batches must be >= 1, got 0"):
+        evaluate(model, {"a": data[:5000]}, 4, 0)  # no batches, no mean loss
     text = sample_text(model, tokenizer, "ROMEO:\n", 30, seed=5)
     assert text.startswith("ROMEO:\n") and len(text) == 37 and text == sample_text(model, tokenizer, "ROMEO:\n", 30, seed=5)
 
