@@ -8,6 +8,7 @@ from torch import nn
 from course_lib.attention import (CausalAttention, KVCache, MultiHeadAttention, MultiHeadAttentionEinsum,
                                   MultiHeadAttentionWrapper, copy_fused_weights_to_wrapper)
 from course_lib.config import GPTConfig
+from course_lib.decoding import padding_may_attend
 
 EMB, CONTEXT, HEADS = 16, 10, 4
 HEAD_DIM = EMB // HEADS
@@ -227,10 +228,11 @@ def test_incremental_equals_full_pass(chunks):
 
 
 @pytest.mark.parametrize("training", [False, True])
-def test_forward_is_one_sdpa_call_with_the_mask_offset_by_the_cache(monkeypatch, training):
-    """Every forward of the kernel class calls SDPA once, with attn_mask = True where a token may attend
-    (offset by the cached positions), never is_causal, and dropout only in training; the explicit class and
-    attention_weights never call it."""
+def test_forward_is_one_sdpa_call_causal_by_flag_or_by_the_mask_offset_by_the_cache(monkeypatch, training):
+    """Every forward of the kernel class calls SDPA once (notebook 05, sections 5 and 8): with nothing cached and no
+    may_attend, is_causal=True and no mask; with a non-empty cache, attn_mask = True where a token may attend (offset
+    by the cached positions) and is_causal=False; a caller's may_attend replaces the rule as it is; dropout only in
+    training. The explicit class and attention_weights never call it."""
     calls = []
     sdpa = F.scaled_dot_product_attention
 
@@ -242,19 +244,24 @@ def test_forward_is_one_sdpa_call_with_the_mask_offset_by_the_cache(monkeypatch,
     kernel, _, explicit = same_weights(drop_rate=0.25)
     kernel.train(training)
     cache = KVCache()
-    kernel(torch.randn(1, 3, EMB), kv_cache=cache)
+    kernel(torch.randn(1, 3, EMB), kv_cache=cache)  # an empty cache: the causal flag, as without one
     kernel(torch.randn(1, 1, EMB), kv_cache=cache)
     kernel(torch.randn(1, 2, EMB), kv_cache=cache)
     kernel(torch.randn(1, 2, EMB))
+    own = torch.tensor([[True, False], [False, True]])  # a caller's rule: each token sees only itself
+    kernel(torch.randn(1, 2, EMB), may_attend=own)
     explicit(torch.randn(1, 2, EMB))
     kernel.attention_weights(torch.randn(1, 2, EMB))
-    assert len(calls) == 4
+    assert len(calls) == 5
     T, F_ = True, False
-    expected = [[[T, F_, F_], [T, T, F_], [T, T, T]], [[T, T, T, T]],
-                [[T, T, T, T, T, F_], [T, T, T, T, T, T]], [[T, F_], [T, T]]]
+    expected = [None, [[T, T, T, T]], [[T, T, T, T, T, F_], [T, T, T, T, T, T]], None, own.tolist()]
     for (mask, is_causal, dropout_p), allowed in zip(calls, expected):
-        assert not is_causal and torch.equal(mask, torch.tensor(allowed))
+        if allowed is None:
+            assert is_causal and mask is None
+        else:
+            assert not is_causal and torch.equal(mask, torch.tensor(allowed))
         assert dropout_p == (0.25 if training else 0.0)
+    assert calls[4][0] is own  # passed on as it is
 
 
 def test_kv_cache_starts_empty_and_concatenates():
@@ -299,12 +306,15 @@ def test_attention_weights_are_the_pattern_before_dropout(cls):
     assert torch.equal(weights, noisy.eval().attention_weights(x))
 
 
-# --- bad arguments --------------------------------------------------------------------------------------
+# --- bad arguments ----------------------------------------------------------------------------------------
+# Issue 29: the attention layers check nothing per call and their constructors nothing either; the model checks its
+# token ids once, at its door (test_model.py), and GPTConfig its sizes (test_config.py). What reaches a layer directly
+# still fails loudly, with PyTorch's (or Python's) own error, and these tests hold it to that.
 
 @pytest.mark.parametrize("cls", VARIANTS)
-def test_multi_head_classes_take_a_gpt_config(cls):
-    message = "cfg must be a GPTConfig, got dict: build one with GPTConfig(...) or take one from GPT2_CONFIGS"
-    with pytest.raises(TypeError, match=re.escape(message)):
+def test_multi_head_classes_fail_loudly_on_a_dict_config(cls):
+    # was: "cfg must be a GPTConfig, got dict" from each layer; GPTModel(cfg) still says it (test_model.py)
+    with pytest.raises(AttributeError, match=re.escape("'dict' object has no attribute 'emb_dim'")):
         cls({"emb_dim": EMB, "n_heads": HEADS})
 
 
@@ -315,126 +325,165 @@ def test_emb_dim_not_divisible_by_n_heads_is_refused_by_the_config():
         config(n_heads=3)
 
 
-@pytest.mark.parametrize("error, message, kwargs", [
-    (ValueError, "emb_dim must be >= 1, got 0", dict(emb_dim=0)),
-    (ValueError, "head_dim must be >= 1, got -4", dict(head_dim=-4)),
-    (ValueError, "context_length must be >= 1, got 0", dict(context_length=0)),
-    (TypeError, "emb_dim must be an int, got 12.0 (float)", dict(emb_dim=12.0)),
-    (TypeError, "context_length must be an int, got True (bool)", dict(context_length=True)),
-    (ValueError, "drop_rate must be in [0, 1), got 1.0: it is the probability of zeroing an attention weight "
-                 "(0 turns dropout off, 1 would zero them all)", dict(drop_rate=1.0)),
-    (ValueError, "drop_rate must be in [0, 1), got -0.1", dict(drop_rate=-0.1)),
-    (TypeError, "drop_rate must be a number, got '0.1' (str)", dict(drop_rate="0.1")),
-    (TypeError, "qkv_bias must be True or False, got 'yes'", dict(qkv_bias="yes")),
+# was: CausalAttention's own checks of its sizes, drop_rate and qkv_bias. The values PyTorch accepts without a word
+# (emb_dim 0, context_length True, drop_rate 1.0, qkv_bias "yes") are refused where a GPT's sizes come from,
+# GPTConfig (test_config.py); the rest still stop, in the constructor or in the first forward.
+@pytest.mark.parametrize("error, fragment, kwargs", [
+    (RuntimeError, "Trying to create tensor with negative dimension -4", dict(head_dim=-4)),
+    (TypeError, "tuple of ints", dict(emb_dim=12.0)),
+    (ValueError, "dropout probability has to be between 0 and 1, but got -0.1", dict(drop_rate=-0.1)),
+    (TypeError, "'<' not supported between instances of 'str' and 'float'", dict(drop_rate="0.1")),
+    (RuntimeError, "The size of tensor a (0) must match the size of tensor b (3)", dict(context_length=0)),
 ])
-def test_bad_single_head_arguments(error, message, kwargs):
+def test_bad_single_head_arguments_fail_loudly(error, fragment, kwargs):
     args = {**dict(emb_dim=EMB, head_dim=SINGLE_HEAD_DIM, context_length=CONTEXT, drop_rate=0.0), **kwargs}
-    with pytest.raises(error, match=re.escape(message)):
-        CausalAttention(**args)
+    with pytest.raises(error, match=re.escape(fragment)):
+        CausalAttention(**args).train()(torch.randn(1, 3, EMB))
+
+
+# was: check_attention_input's messages. Each bad x now stops in the first PyTorch (or einops) call that cannot take
+# it; the fragment below is that call's own message. Two cases left for the door: x with 0 tokens (an empty output,
+# no error: GPTModel refuses empty token_ids) and x longer than context_length (MultiHeadAttention's is_causal needs
+# no mask table, so it computes; GPTModel refuses more tokens than positions left, test_model.py).
+EINOPS = re.escape('pattern "batch pos (head head_dim) -> batch head pos head_dim"')  # split_heads' rearrange
+WRONG_RANK = {  # what the first call to meet a 2-D or 4-D x says (einops' EinopsError is a RuntimeError)
+    MultiHeadAttention: (RuntimeError, EINOPS),
+    MultiHeadAttentionEinsum: (RuntimeError, EINOPS),
+    MultiHeadAttentionWrapper: ((IndexError, RuntimeError), "Dimension out of range|must match the size of tensor"),
+    CausalAttention: ((IndexError, RuntimeError), "Dimension out of range|must match the size of tensor"),
+}
 
 
 @pytest.mark.parametrize("cls", ALL_CLASSES)
-@pytest.mark.parametrize("error, message, x", [
-    (ValueError, "x must be shaped (batch, tokens, 16), got shape (4, 16) (for a single sequence add a batch "
-                 "dimension with .unsqueeze(0)): the layer was built for vectors of 16 numbers", torch.randn(4, EMB)),
-    (ValueError, "x must be shaped (batch, tokens, 16), got shape (1, 2, 4, 16)", torch.randn(1, 2, 4, EMB)),
-    (TypeError, "x must be a floating-point tensor of vectors, got list: token ids become vectors in an embedding "
-                "layer; other tensors convert with .float()", [[[0.0] * EMB]]),
-    (TypeError, "x must be a floating-point tensor of vectors, got dtype torch.int64",
+@pytest.mark.parametrize("error, fragment, x", [
+    ((TypeError, AttributeError), "must be Tensor, not list|'list' object has no attribute 'shape'",
+     [[[0.0] * EMB]]),
+    (RuntimeError, re.escape("have the same dtype, but got: long int != float"),
      torch.ones(1, 3, EMB, dtype=torch.long)),
-    (TypeError, "x has dtype torch.float64 but the layer's weights are torch.float32: convert with "
-                ".to(torch.float32) or the layer with .to(torch.float64)", torch.randn(1, 3, EMB, dtype=torch.float64)),
-    (ValueError, "x must be shaped (batch, tokens, 16), got shape (2, 3, 8): the layer was built for vectors of 16 "
-                 "numbers", torch.randn(2, 3, 8)),
-    (ValueError, "x has 0 tokens: pass at least one token per sequence", torch.randn(2, 0, EMB)),
-    (ValueError, "x has 11 tokens, more than context_length 10: crop the input to the last 10 tokens",
-     torch.randn(1, CONTEXT + 1, EMB)),
+    (RuntimeError, re.escape("have the same dtype, but got: double != float"),
+     torch.randn(1, 3, EMB, dtype=torch.float64)),
+    (RuntimeError, re.escape("mat1 and mat2 shapes cannot be multiplied (6x8 and 16x"), torch.randn(2, 3, 8)),
 ])
-def test_bad_inputs(cls, error, message, x):
-    with pytest.raises(error, match=re.escape(message)):
+def test_bad_inputs_fail_loudly_in_pytorch(cls, error, fragment, x):
+    with pytest.raises(error, match=fragment):
         build(cls)(x)
 
 
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+@pytest.mark.parametrize("x", [torch.randn(4, EMB), torch.randn(1, 2, 4, EMB)], ids=["2-D", "4-D"])
+def test_x_of_the_wrong_rank_fails_loudly(cls, x):
+    error, pattern = WRONG_RANK[cls]
+    with pytest.raises(error, match=pattern):
+        build(cls)(x)
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttentionWrapper, MultiHeadAttentionEinsum, CausalAttention])
+def test_layers_that_read_the_mask_table_fail_loudly_past_context_length(cls):
+    with pytest.raises(RuntimeError, match=re.escape("The size of tensor a (10) must match the size of tensor b (11)")):
+        build(cls)(torch.randn(1, CONTEXT + 1, EMB))
+
+
 @pytest.mark.parametrize("cls", [MultiHeadAttention, MultiHeadAttentionEinsum])
-def test_bad_inputs_to_attention_weights(cls):
-    with pytest.raises(ValueError, match=re.escape("x has 11 tokens, more than context_length 10")):
+def test_bad_inputs_to_attention_weights_fail_loudly(cls):
+    with pytest.raises(RuntimeError, match=re.escape("The size of tensor a (10) must match the size of tensor b (11)")):
         build(cls).attention_weights(torch.randn(1, CONTEXT + 1, EMB))
-    with pytest.raises(ValueError, match=re.escape("x must be shaped (batch, tokens, 16), got shape (2, 3, 8)")):
+    with pytest.raises(RuntimeError, match=re.escape("mat1 and mat2 shapes cannot be multiplied (6x8 and 16x16)")):
         build(cls).attention_weights(torch.randn(2, 3, 8))
 
 
-def test_cache_plus_new_tokens_longer_than_context():
+def test_cache_plus_new_tokens_longer_than_context_fails_loudly():
+    # was: a named ValueError that left the cache as it was. The layer now stops in SDPA, after its cache has taken
+    # the new keys; GPTModel refuses the same call at its door, caches untouched (test_model.py).
     kernel = build(MultiHeadAttention)
     cache = KVCache()
     kernel(torch.randn(1, 8, EMB), kv_cache=cache)
-    message = ("3 new tokens plus 8 cached tokens = 11, more than context_length 10: crop the input to the "
-               "last 10 tokens and start again with an empty KVCache")
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(RuntimeError, match=re.escape("The size of tensor a (11) must match the size of tensor b (10)")):
         kernel(torch.randn(1, 3, EMB), kv_cache=cache)
-    assert len(cache) == 8  # a refused call leaves the cache as it was
-    kernel(torch.randn(1, 2, EMB), kv_cache=cache)  # exactly context_length is fine
-    assert len(cache) == CONTEXT
+    fresh = KVCache()
+    kernel(torch.randn(1, 8, EMB), kv_cache=fresh)
+    kernel(torch.randn(1, 2, EMB), kv_cache=fresh)  # exactly context_length is fine
+    assert len(fresh) == CONTEXT
 
 
-def test_kv_cache_that_does_not_match():
+def test_kv_cache_that_does_not_match_fails_loudly_in_cat():
+    # was: KVCache.check_new's messages; now torch.cat refuses, before the cache changes
     kernel = build(MultiHeadAttention)
     cache = KVCache()
     kernel(torch.randn(2, 3, EMB), kv_cache=cache)
-    with pytest.raises(ValueError, match=re.escape(
-            "kv_cache holds batch size 2 but the new keys have batch size 3: use a new KVCache() for each "
-            "batch of sequences")):
-        kernel(torch.randn(3, 1, EMB), kv_cache=cache)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "Sizes of tensors must match except in dimension 2. Expected size 2 but got size 3")):
+        kernel(torch.randn(3, 1, EMB), kv_cache=cache)  # another batch size
     other = build(MultiHeadAttention, n_heads=2)
-    with pytest.raises(ValueError, match=re.escape(
-            "kv_cache holds heads 4 but the new keys have heads 2: give each attention layer its own KVCache")):
-        other(torch.randn(2, 1, EMB), kv_cache=cache)
-    with pytest.raises(ValueError, match=re.escape("kv_cache holds head_dim 4 but the new keys have head_dim 2")):
-        cache.append(torch.randn(2, 4, 1, 2), torch.randn(2, 4, 1, 2))
+    with pytest.raises(RuntimeError, match=re.escape(
+            "Sizes of tensors must match except in dimension 2. Expected size 4 but got size 2")):
+        other(torch.randn(2, 1, EMB), kv_cache=cache)  # another layer's heads
+    with pytest.raises(RuntimeError, match=re.escape(
+            "Sizes of tensors must match except in dimension 2. Expected size 4 but got size 2")):
+        cache.append(torch.randn(2, 4, 1, 2), torch.randn(2, 4, 1, 2))  # another head_dim
     assert len(cache) == 3
-    with pytest.raises(TypeError, match=re.escape(
-            "kv_cache must be a KVCache, got dict: pass KVCache() for incremental mode, or None")):
+    with pytest.raises(AttributeError, match=re.escape("'dict' object has no attribute 'append'")):
         kernel(torch.randn(2, 1, EMB), kv_cache={})
 
 
-def test_kv_cache_append_checks_its_arguments():
-    cache = KVCache()
-    with pytest.raises(TypeError, match=re.escape("keys and values must be tensors, got Tensor and NoneType")):
-        cache.append(torch.randn(1, 2, 3, 4), None)
-    with pytest.raises(ValueError, match=re.escape(
-            "keys and values must both be (batch, n_heads, tokens, head_dim), got (1, 2, 3, 4) and (1, 2, 3)")):
-        cache.append(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3))
-    with pytest.raises(ValueError, match=re.escape("got (2, 3, 4) and (2, 3, 4)")):
-        cache.append(torch.randn(2, 3, 4), torch.randn(2, 3, 4))
-    assert len(cache) == 0
+# test_kv_cache_append_checks_its_arguments is gone with KVCache.check_new: append trusts its one caller, the
+# attention layer, which always hands it two (batch, n_heads, tokens, head_dim) tensors of one dtype.
 
 
-def test_copy_into_a_wrapper_of_another_shape():
+def test_copy_into_a_wrapper_of_another_shape_stops_in_load_state_dict():
+    # was: copy_fused_weights_to_wrapper's own ValueErrors; it now builds a state dict and load_state_dict refuses
     kernel = build(MultiHeadAttention)
-    message = ("fused has n_heads 4 and W_query weight (16, 16), wrapper has n_heads 2 and needs (16, 16): "
-               "build both from the same GPTConfig")
-    with pytest.raises(ValueError, match=re.escape(message)):
-        copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, n_heads=2))
-    with pytest.raises(ValueError, match=re.escape("needs (8, 8)")):
+    with pytest.raises(RuntimeError, match=r"Error\(s\) in loading state_dict for MultiHeadAttentionWrapper:\s+"
+                                           r"Unexpected key\(s\) in state_dict: \"heads\.4\.W_query\.weight\""):
         copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, emb_dim=8))
-    with pytest.raises(ValueError, match=re.escape(
-            "fused and wrapper disagree on qkv_bias: build both from the same GPTConfig")):
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"heads\.0\.W_query\.bias\""):
         copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, qkv_bias=True))
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\) in state_dict: \"heads\.0\.W_query\.bias\""):
+        copy_fused_weights_to_wrapper(build(MultiHeadAttention, qkv_bias=True), build(MultiHeadAttentionWrapper))
 
 
-# --- padding: attention_mask hides pads from every real token ------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="library bug (issue 29): a fused layer of 4 heads loads into a wrapper of 2 "
+                                       "heads of the same emb_dim without an error (the row blocks have the shapes "
+                                       "load_state_dict expects), and the two then compute different functions")
+def test_copy_into_a_wrapper_with_other_heads_is_refused():
+    kernel, wrapper = build(MultiHeadAttention).eval(), build(MultiHeadAttentionWrapper, n_heads=2).eval()
+    try:
+        copy_fused_weights_to_wrapper(kernel, wrapper)
+    except (RuntimeError, ValueError):
+        return
+    x = torch.randn(1, 5, EMB)
+    assert close(kernel(x), wrapper(x)), "copied without an error, and the wrapper computes another function"
+
+
+# --- padding: may_attend (notebook 11's padding_may_attend) hides pads from every real token ------------------------
+
+def test_padding_may_attend_is_causal_and_hides_the_pads():
+    T, F_ = True, False
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    allowed = padding_may_attend(mask, 3)
+    assert allowed.dtype == torch.bool and allowed.shape == (2, 1, 3, 3)
+    assert allowed[0, 0].tolist() == [[T, F_, F_], [T, T, F_], [T, T, T]]  # no pad: plain causal
+    assert allowed[1, 0].tolist() == [[T, F_, F_], [F_, T, F_], [F_, T, T]]  # the pad keeps its own row, unread
+    everything = torch.ones(2, 6, dtype=torch.long)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert torch.equal(padding_may_attend(everything, 6)[:, 0], causal.expand(2, 6, 6))
+    kernel = build(MultiHeadAttention)  # with 4 cached columns: the rows of the cache's offset mask
+    assert torch.equal(padding_may_attend(everything, 2)[0, 0], ~kernel.future_mask[4:6, :6])
+
 
 def test_an_all_ones_mask_changes_nothing_and_pads_are_invisible_to_real_tokens():
     kernel, _, _ = same_weights()
     x = torch.randn(2, 6, EMB)
     with torch.no_grad():
-        assert torch.equal(kernel(x, attention_mask=torch.ones(2, 6, dtype=torch.bool)), kernel(x))
+        # is_causal=True and the same rule as a mask may run different SDPA kernels: equal within rounding
+        assert close(kernel(x, may_attend=padding_may_attend(torch.ones(2, 6, dtype=torch.bool), 6)), kernel(x))
         mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
-        padded = kernel(x, attention_mask=mask)
+        padded = kernel(x, may_attend=padding_may_attend(mask, 6))
         assert close(padded[1, 2:], kernel(x[1:, 2:])[0])  # the real tokens of row 1 as if alone
         noise = x.clone()
         noise[1, :2] = torch.randn(2, EMB) * 100  # anything at all in the pads
-        assert close(kernel(noise, attention_mask=mask)[1, 2:], padded[1, 2:])
+        assert close(kernel(noise, may_attend=padding_may_attend(mask, 6))[1, 2:], padded[1, 2:])
         assert torch.isfinite(padded).all()  # a pad's own row is never empty, so never NaN
+        assert not close(kernel(x)[1, 2:], padded[1, 2:])  # without the mask, the pads are read
 
 
 def test_the_mask_covers_the_cache():
@@ -443,11 +492,14 @@ def test_the_mask_covers_the_cache():
     mask = torch.tensor([[0, 0, 1, 1, 1]])
     cache = KVCache()
     with torch.no_grad():
-        kernel(x[:, :3], kv_cache=cache, attention_mask=mask[:, :3])
-        stepped = kernel(x[:, 3:], kv_cache=cache, attention_mask=mask)
-        assert close(stepped, kernel(x, attention_mask=mask)[:, 3:])
-        with pytest.raises(ValueError, match=r"attention_mask must be shaped \(batch, tokens so far\) = \(1, 6\)"):
-            kernel(x[:, :1], kv_cache=cache, attention_mask=mask)  # 5 cached + 1 new need 6 entries
+        kernel(x[:, :3], kv_cache=cache, may_attend=padding_may_attend(mask[:, :3], 3))
+        stepped = kernel(x[:, 3:], kv_cache=cache, may_attend=padding_may_attend(mask, 2))
+        assert close(stepped, kernel(x, may_attend=padding_may_attend(mask, 5))[:, 3:])
+        assert close(stepped, kernel(x[:, 2:])[:, 1:])  # = the 3 real tokens alone
+        # was: check_attention_mask in the layer; the shape of attention_mask is now checked at GPTModel's door
+        # (test_decoding.py, test_padding_errors_are_named), and a may_attend one column short stops in SDPA
+        with pytest.raises(RuntimeError, match="must match the size of tensor"):
+            kernel(x[:, :1], kv_cache=cache, may_attend=padding_may_attend(mask, 1))  # 5 cached + 1 new need 6
 
 
 def test_kv_cache_select_and_crop():

@@ -1,6 +1,8 @@
 """course_lib.decoding (notebook 11): each method equal to Hugging Face's on the course's shipped model, the
 frequency/presence rule against hand-worked numbers, the stream against the complete call, and clear errors."""
 
+import re
+
 import pytest
 import torch
 from transformers import GPT2LMHeadModel
@@ -270,9 +272,6 @@ def bad_calls(model):
         r"min_p must be in \[0, 1\]": lambda: generate_tokens(model, one, 3, temperature=1.0, min_p=1.2),
         r"presence_penalty must be in \[-2, 2\]": lambda: generate_tokens(model, one, 3, presence_penalty=3.0),
         "eos_id must be in": lambda: generate_tokens(model, one, 3, eos_id=99),
-        "token_ids must be .batch, tokens. with the batch of logits": lambda: penalize_repetition(
-            torch.zeros(2, 65), one, 1.2),
-        "token_ids must be an integer tensor": lambda: ban_repeated_ngrams(torch.zeros(1, 65), one.float(), 2),
         r"penalty must be in \(0, inf\)": lambda: penalize_repetition(torch.zeros(1, 65), one, -1.0),
         "prompt must be a str": lambda: next(stream_text(model, None, [1, 2], 3)),
         "temperature must be in": lambda: generate_tokens(model, one, 3, temperature=-1.0),
@@ -283,6 +282,24 @@ def bad_calls(model):
 def test_bad_input_is_named(shipped, match):
     with pytest.raises((TypeError, ValueError), match=match):
         bad_calls(shipped[0])[match]()
+
+
+# was: check_history's named errors (issue 29). The processors trust their one caller, the decoding loop, which hands
+# them the rows the logits continue; float ids still fail loudly where they index. (A history of another batch size
+# than the logits is no longer refused: gather and scatter read only its rows.)
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: ban_repeated_ngrams(torch.zeros(1, 65), torch.tensor([[1.0, 2.0, 1.0]]), 1), IndexError,
+     "only integers, slices"),
+    (lambda: penalize_frequency(torch.zeros(1, 65), torch.tensor([[1.0, 2.0]]), 0.5), RuntimeError,
+     "scatter(): Expected dtype int32/int64 for index"),
+    (lambda: penalize_repetition(torch.zeros(1, 65), torch.tensor([[1.0, 2.0]]), 1.2), RuntimeError,
+     "gather(): Expected dtype int32/int64 for index"),
+    (lambda: min_p_filter(torch.tensor([[1, 2]]), 0.1), RuntimeError,  # was check_logits: integer logits
+     "value cannot be converted to type int64_t without overflow"),
+])
+def test_processors_fail_loudly_on_ids_that_are_not_integers(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call()
 
 
 # ------------------------------------------------------------------------------------------- padded batches
@@ -407,13 +424,37 @@ def test_speculative_errors_are_named(shipped, draft):
 
     model, tokenizer = shipped
     ids = ids_of(tokenizer, "ROMEO:")
-    other = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=1, n_layers=1, drop_rate=0.0))
-    cases = {"the draft model has a vocabulary of 50 tokens and the target of 65": lambda: speculative_generate(
-                 model, other, ids, 5),
-             "draft must be a GPTModel": lambda: speculative_generate(model, "draft", ids, 5),
-             "num_draft must be >= 1": lambda: speculative_generate(model, draft, ids, 5, num_draft=0),
+    cases = {"num_draft must be >= 1": lambda: speculative_generate(model, draft, ids, 5, num_draft=0),
              "speculative_generate takes one prompt": lambda: speculative_generate(model, draft, ids.repeat(2, 1), 5),
              "max_new_tokens": lambda: speculative_generate(model, draft, ids, 200)}
     for match, call in cases.items():
         with pytest.raises((TypeError, ValueError), match=match):
             call()
+
+
+def test_a_draft_that_does_not_fit_the_target_fails_loudly(shipped, draft):
+    # was: speculative_generate's own checks of the draft's type, device and vocabulary, and of the generator
+    # (issue 29); the same mistakes now stop in PyTorch or Python, or at the target's door
+    from course_lib.decoding import speculative_generate
+
+    model, tokenizer = shipped
+    ids = ids_of(tokenizer, "ROMEO:")
+    small = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=1, n_layers=1, drop_rate=0.0))
+    with pytest.raises(RuntimeError, match=re.escape("The size of tensor a (65) must match the size of tensor b (50)")):
+        speculative_generate(model, small, ids, 5)  # a draft with a smaller vocabulary
+    torch.manual_seed(0)
+    large = GPTModel(GPTConfig(vocab_size=80, context_length=8, emb_dim=8, n_heads=1, n_layers=1, drop_rate=0.0))
+    with torch.no_grad():  # whatever it reads, it proposes an id the target does not have
+        large.final_norm.scale.zero_(), large.final_norm.shift.fill_(1.0)  # the last hidden state: all ones
+        large.out_head.weight[:65] = -1.0
+        large.out_head.weight[65:] = 1.0
+    with pytest.raises(ValueError, match=r"token_ids holds token id \d+ >= vocab_size 65"):
+        speculative_generate(model, large, ids, 5)  # ... which the target refuses at its door
+    elsewhere = GPTModel(GPTConfig(vocab_size=65, context_length=8, emb_dim=8, n_heads=1, n_layers=1)).to("meta")
+    with pytest.raises(RuntimeError, match=re.escape("Tensor.item() cannot be called on meta tensors")):
+        speculative_generate(model, elsewhere, ids, 5)  # a draft on another device ("meta" stands for a GPU)
+    with pytest.raises(AttributeError, match=re.escape("'str' object has no attribute 'new_kv_caches'")):
+        speculative_generate(model, "draft", ids, 5)
+    with pytest.raises(TypeError, match=re.escape("multinomial(): argument 'generator' must be torch.Generator, "
+                                                  "not str")):
+        speculative_generate(model, draft, ids, 5, temperature=1.0, generator="seed")

@@ -7,9 +7,8 @@ from torch import nn
 
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-from course_lib.generation import (StaticKVCache, check_generation_args, check_generator, check_logits,
-                                   check_sampling_args, eval_mode, generate, generate_text_simple, sample_next_token,
-                                   scale_logits, top_k_filter, top_p_filter)
+from course_lib.generation import (StaticKVCache, check_generation_args, check_sampling_args, eval_mode, generate,
+                                   generate_text_simple, sample_next_token, scale_logits, top_k_filter, top_p_filter)
 from course_lib.tokenization import EOS_ID
 from course_lib.model import GPTModel
 
@@ -107,8 +106,8 @@ def test_static_cache_refuses_more_positions_than_its_capacity(model):
     with torch.no_grad():
         model(prompts(1, 4, seed=0), kv_caches=static)
         with pytest.raises(ValueError, match=re.escape(
-                "2 new positions after 4 cached need 6, more than capacity 5: create StaticKVCache(capacity) "
-                "with room for the prompt and every new token, or crop() it first")):
+                "4 cached + 2 new positions > capacity 5: create StaticKVCache(capacity) with room for the prompt "
+                "and every new token, or crop() it")):
             model(prompts(1, 2, seed=1), kv_caches=static)
         assert len(static[0]) == 4, "the refused append left the cache as it was"
         for cache in static:
@@ -117,30 +116,35 @@ def test_static_cache_refuses_more_positions_than_its_capacity(model):
     assert len(static[0]) == 5
 
 
-@pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "8"])
-def test_static_cache_capacity_must_be_a_positive_int(capacity):
-    with pytest.raises((TypeError, ValueError), match="capacity"):
-        StaticKVCache(capacity)
+# was: StaticKVCache's own check of capacity (issue 29: generate computes the capacity it builds the caches with).
+# A capacity that holds nothing, or is not a number, still fails loudly at the first append.
+@pytest.mark.parametrize("capacity, error, message", [
+    (0, ValueError, "0 cached + 3 new positions > capacity 0"),
+    (-1, ValueError, "0 cached + 3 new positions > capacity -1"),
+    ("8", TypeError, "'>' not supported between instances of 'int' and 'str'"),
+])
+def test_a_static_cache_without_room_fails_loudly_at_the_first_append(model, capacity, error, message):
+    static = [StaticKVCache(capacity) for _ in range(CFG.n_layers)]
+    with pytest.raises(error, match=re.escape(message)):
+        model(prompts(1, 3, seed=0), kv_caches=static)
 
 
 @pytest.mark.parametrize("cache_type", [KVCache, lambda: StaticKVCache(8)])
-def test_a_cache_refuses_keys_of_another_dtype_or_device_instead_of_casting_them(cache_type):
-    cache = cache_type()
-    with pytest.raises(ValueError, match=re.escape(
-            "keys are torch.float32 on cpu but values are torch.bfloat16 on cpu: compute both with the same "
-            "attention layer")):
-        cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4, dtype=torch.bfloat16))  # even when empty
-    cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
-    half = torch.zeros(1, 2, 1, 4, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=re.escape(
-            "kv_cache holds torch.float32 on cpu but the new keys are torch.bfloat16 on cpu: keep the model in one "
-            "dtype and on one device while it uses a cache")):
-        cache.append(half, half)
-    elsewhere = torch.zeros(1, 2, 1, 4, device="meta")  # another device, without needing a GPU
-    with pytest.raises(ValueError, match=re.escape("kv_cache holds torch.float32 on cpu but the new keys are "
-                                                   "torch.float32 on meta")):
-        cache.append(elsewhere, elsewhere)
-    assert len(cache) == 3
+def test_a_model_that_changes_dtype_or_device_under_its_caches_fails_loudly(cache_type):
+    # was: KVCache.check_new refusing keys of another dtype or device. Appending no longer checks: torch.cat (and the
+    # static store's copy) casts the new keys to the cache's dtype, and SDPA then refuses queries of another dtype.
+    torch.manual_seed(0)
+    model = GPTModel(CFG).eval()
+    caches = [cache_type() for _ in range(CFG.n_layers)]
+    with torch.no_grad():
+        model(prompts(1, 3, seed=0), kv_caches=caches)
+        model.to(torch.bfloat16)
+        with pytest.raises(RuntimeError, match=re.escape("Expected query, key, and value to have the same dtype, but "
+                                                         "got query.dtype: c10::BFloat16 key.dtype: float")):
+            model(prompts(1, 1, seed=1), kv_caches=caches)
+        model.to(torch.float32).to("meta")  # another device, without needing a GPU
+        with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+            model(prompts(1, 1, seed=1).to("meta"), kv_caches=caches)
 
 
 def test_a_smaller_selection_shrinks_the_static_cache_at_once(model):
@@ -385,8 +389,9 @@ GOOD = torch.tensor([[1, 2, 3]])
                                           "the last 16 tokens"),
     (dict(token_ids=torch.zeros(1, 17, dtype=torch.long), max_new_tokens=0), ValueError,
      "a prompt of 17 tokens + max_new_tokens 0 = 17 tokens, more than the model's context_length 16"),
-    (dict(context_length=0), ValueError, "context_length must be in [1, 16], got 0: it is how many of the "
-                                       "last tokens the model reads, at most the model's own context_length"),
+    (dict(context_length=0), ValueError, "context_length must be >= 1, got 0"),  # check_int's minimum comes first
+    (dict(context_length=20), ValueError, "context_length must be in [1, 16], got 20: it is how many of the "
+                                        "last tokens the model reads, at most the model's own context_length"),
     (dict(context_length=17), ValueError, "context_length must be in [1, 16], got 17"),
     (dict(context_length=4.0), TypeError, "context_length must be an int, got 4.0 (float)"),
     (dict(temperature=-0.5), ValueError, "temperature must be in [0, inf), got -0.5: 0 means greedy (argmax)"),
@@ -398,13 +403,13 @@ GOOD = torch.tensor([[1, 2, 3]])
     (dict(top_p=1.5), ValueError, "top_p must be in (0, 1], got 1.5"),
     (dict(top_p="0.9"), TypeError, "top_p must be a number, got '0.9' (str)"),
     (dict(eos_id=97), ValueError, "eos_id must be in [0, 96], got 97: for GPT-2's <|endoftext|> pass 50256"),
-    (dict(eos_id=-1), ValueError, "eos_id must be in [0, 96], got -1"),
+    (dict(eos_id=-1), ValueError, "eos_id must be >= 0, got -1"),
     (dict(eos_id=2.0), TypeError, "eos_id must be an int, got 2.0 (float)"),
-    (dict(use_cache=1), TypeError, "use_cache must be True or False, got 1"),
-    (dict(generator=123), TypeError, "generator must be a Generator, got int: create one with "
-                                  "torch.Generator(device=...).manual_seed(123)"),
-    (dict(model=nn.Linear(2, 2)), TypeError, "model must be a GPTModel (an nn.Module with a GPTConfig in "
-                                             "model.cfg), got Linear: build one with GPTModel(cfg)"),
+    # was: use_cache=1 refused by check_bool (issue 29: use_cache is used by truthiness, as in Python)
+    (dict(generator=123, temperature=1.0), TypeError,  # was our check_generator; greedy decoding draws nothing
+     "multinomial(): argument 'generator' must be torch.Generator, not int"),
+    (dict(model=nn.Linear(2, 2)), TypeError, "model.cfg must be a GPTConfig, got NoneType: pass a GPTModel, built "
+                                             "with GPTModel(cfg)"),
 ])
 def test_generate_rejects_bad_inputs(model, kwargs, error, message):
     args = dict(model=model, token_ids=GOOD, max_new_tokens=2) | kwargs
@@ -416,7 +421,8 @@ def test_generate_rejects_bad_inputs(model, kwargs, error, message):
     (torch.zeros(1, 0, dtype=torch.long), 2, 4, "token_ids is empty"),
     (torch.tensor([[100]]), 2, 4, "token_ids holds token id 100 >= vocab_size 97"),
     (GOOD, -2, 4, "max_new_tokens must be >= 0, got -2"),
-    (GOOD, 2, 0, "context_length must be in [1, 16], got 0"),
+    (GOOD, 2, 0, "context_length must be >= 1, got 0"),
+    (GOOD, 2, 17, "context_length must be in [1, 16], got 17"),
     (GOOD, 20, None, "a prompt of 3 tokens + max_new_tokens 20 = 23 tokens"),
 ])
 def test_generate_text_simple_rejects_bad_inputs(model, token_ids, new, context_length, message):
@@ -429,13 +435,11 @@ def test_check_generation_args_returns_the_context_length_it_uses(model):
     assert check_generation_args(model, GOOD, 100, 7) == 7
 
 
-def test_generator_on_another_device_is_rejected():
-    class FakeGenerator(torch.Generator):  # a CPU-only machine has no other device to put one on
-        device = torch.device("cuda", 0)
-
-    with pytest.raises(ValueError, match=re.escape("generator is on cuda:0 but the tokens are on cpu: create "
-                                                   "it with torch.Generator(device='cpu')")):
-        check_generator(FakeGenerator(), torch.device("cpu"))
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type for the generator")
+def test_generator_on_another_device_is_refused_by_multinomial(model):
+    # was: check_generator's message (issue 29); torch.multinomial checks the generator's device itself
+    with pytest.raises(RuntimeError, match=re.escape("Expected a 'cpu' device type for generator but found 'cuda'")):
+        generate(model, GOOD, 2, temperature=1.0, generator=torch.Generator(device="cuda"))
 
 
 def test_token_ids_on_another_device_than_the_model_is_rejected(model):
@@ -446,21 +450,24 @@ def test_token_ids_on_another_device_than_the_model_is_rejected(model):
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: scale_logits(EXAMPLE, 0), ValueError, "temperature 0 cannot scale logits"),
-    (lambda: scale_logits(EXAMPLE, -1.0), ValueError, "temperature must be in [0, inf), got -1.0"),
-    (lambda: scale_logits(EXAMPLE, float("inf")), ValueError, "temperature must be in [0, inf), got inf"),
+    (lambda: scale_logits(EXAMPLE, 0), ValueError, "temperature must be in (0, inf), got 0: temperature 0 stands for "
+                                                   "greedy decoding, so take logits.argmax(dim=-1) instead of dividing "
+                                                   "by zero"),
+    (lambda: scale_logits(EXAMPLE, -1.0), ValueError, "temperature must be in (0, inf), got -1.0"),
+    (lambda: scale_logits(EXAMPLE, float("inf")), ValueError, "temperature must be in (0, inf), got inf"),
     (lambda: top_k_filter(EXAMPLE, 0), ValueError, "top_k must be >= 1, got 0"),
     (lambda: top_k_filter(EXAMPLE, True), TypeError, "top_k must be an int, got True (bool)"),
     (lambda: top_p_filter(EXAMPLE, 0), ValueError, "top_p must be in (0, 1], got 0"),
     (lambda: top_p_filter(EXAMPLE, 1.01), ValueError, "top_p must be in (0, 1], got 1.01"),
-    (lambda: top_k_filter(torch.tensor([1, 2]), 1), TypeError, "logits must be a float tensor, got dtype torch.int64"),
-    (lambda: top_p_filter([1.0, 2.0], 0.5), TypeError, "logits must be a torch.Tensor (..., vocab_size), got list"),
-    (lambda: scale_logits(torch.zeros(2, 0), 1.0), ValueError, "logits must have at least one entry"),
-    (lambda: sample_next_token(EXAMPLE, 1.0), ValueError, "logits must be 2-D (batch, vocab_size), got shape (8,)"),
-    (lambda: sample_next_token(EXAMPLE[None], 1.0, generator="seed"), TypeError,
-     "generator must be a Generator, got str"),
-    (lambda: check_logits(torch.tensor(1.0)), ValueError, "logits must have at least one entry"),
     (lambda: check_sampling_args(top_p=float("nan")), ValueError, "top_p must be in (0, 1], got nan"),
+    # was check_logits and check_generator (issue 29): logits come from the model; what else reaches the pieces
+    # fails in PyTorch. (Empty and 1-D logits are no longer refused: scale_logits divides an empty tensor, and
+    # sample_next_token draws one token from a 1-D row.)
+    (lambda: top_k_filter(torch.tensor([1, 2]), 1), RuntimeError, "value cannot be converted to type int64_t without "
+                                                                   "overflow"),  # -inf into integer logits
+    (lambda: top_p_filter([1.0, 2.0], 0.5), AttributeError, "'list' object has no attribute"),
+    (lambda: sample_next_token(EXAMPLE[None], 1.0, generator="seed"), TypeError,
+     "multinomial(): argument 'generator' must be torch.Generator, not str"),
 ])
 def test_sampling_pieces_reject_bad_inputs(call, error, message):
     with pytest.raises(error, match=re.escape(message)):
@@ -474,14 +481,16 @@ def test_sampling_pieces_reject_bad_inputs(call, error, message):
 def test_nan_or_plus_inf_logits_are_refused_by_name(bad, temperature):
     logits = torch.randn(3, 10)
     logits[1, 4] = bad
-    with pytest.raises(ValueError, match="logits row 1 holds NaN or \\+inf"):
+    with pytest.raises(ValueError, match=re.escape("logits hold NaN or +inf, so no token can be chosen: the model's "
+                                                   "output is broken")):
         sample_next_token(logits, temperature, generator=torch.Generator().manual_seed(0))
 
 
-def test_a_row_without_any_token_left_is_refused():
+def test_a_row_without_any_token_left_fails_loudly_when_sampled():
+    # was: our "-inf everywhere" ValueError (issue 29: no longer read per step); multinomial refuses the NaN row
     logits = torch.randn(2, 10)
     logits[0] = -math.inf
-    with pytest.raises(ValueError, match="-inf everywhere"):
+    with pytest.raises(RuntimeError, match=re.escape("probability tensor contains either `inf`, `nan` or element < 0")):
         sample_next_token(logits, 1.0)
     logits[0, 3] = 0.0  # one token left: it is the only choice
     assert sample_next_token(logits, 1.0, generator=torch.Generator().manual_seed(0))[0, 0] == 3
