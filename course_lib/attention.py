@@ -66,6 +66,8 @@ def copy_fused_weights_to_wrapper(fused: nn.Module, wrapper: MultiHeadAttentionW
 
     `fused` is any module with the fused layout (W_query, W_key, W_value, out_proj); afterwards both modules
     compute the same function. Names or shapes that do not fit stop in load_state_dict."""
+    if fused.n_heads != wrapper.n_heads:  # the rows would still fit, split into the wrong heads
+        raise ValueError(f"fused has {fused.n_heads} heads, wrapper {wrapper.n_heads}: build both from one GPTConfig")
     state = {}
     for name, tensor in fused.state_dict().items():  # e.g. "W_query.weight", (emb_dim, emb_dim)
         if name.startswith("out_proj."):

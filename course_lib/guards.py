@@ -76,7 +76,7 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
         raise ValueError(f"{name} is on {ids.device} but the model is on {device}: move it with .to(...)")
     if max_tokens is not None and ids.shape[-1] > max_tokens:
         raise ValueError(f"{name} has {ids.shape[-1]} tokens, more than the {max_tokens} positions left in the "
-                         f"context: crop it to its last {max_tokens} tokens (or start again with empty KV caches)")
+                         "context: crop the input to fit, or start again with empty KV caches")
     if vocab_size is not None and ids.device.type == "cpu" and not torch.compiler.is_compiling():
         low, high = ids.min().item(), ids.max().item()  # one look at the data per call
         if high >= vocab_size:

@@ -284,9 +284,8 @@ def test_bad_input_is_named(shipped, match):
         bad_calls(shipped[0])[match]()
 
 
-# was: check_history's named errors (issue 29). The processors trust their one caller, the decoding loop, which hands
-# them the rows the logits continue; float ids still fail loudly where they index. (A history of another batch size
-# than the logits is no longer refused: gather and scatter read only its rows.)
+# Float ids fail loudly where they index (issue 29: no type check of their own); a history of another batch than the
+# logits would be read row by row as far as it goes, silently, so check_history refuses it by name.
 @pytest.mark.parametrize("call, error, message", [
     (lambda: ban_repeated_ngrams(torch.zeros(1, 65), torch.tensor([[1.0, 2.0, 1.0]]), 1), IndexError,
      "only integers, slices"),
@@ -300,6 +299,17 @@ def test_bad_input_is_named(shipped, match):
 def test_processors_fail_loudly_on_ids_that_are_not_integers(call, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call()
+
+
+@pytest.mark.parametrize("process", [lambda logits, ids: penalize_repetition(logits, ids, 1.2),
+                                     lambda logits, ids: ban_repeated_ngrams(logits, ids, 2),
+                                     lambda logits, ids: penalize_frequency(logits, ids, 0.5, 0.5)])
+def test_a_history_of_another_batch_is_refused(process):
+    logits, ids = torch.randn(2, 65), torch.tensor([[1, 2, 1]])  # two rows of logits, the history of one
+    with pytest.raises(ValueError, match=re.escape("token_ids must be (batch, tokens) with the batch of logits (2, 65), "
+                                                   "got shape (1, 3): pass the sequences the logits continue")):
+        process(logits, ids)
+    process(logits, ids.repeat(2, 1))  # the history of both rows is fine
 
 
 # ------------------------------------------------------------------------------------------- padded batches

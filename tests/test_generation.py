@@ -142,7 +142,12 @@ def test_a_model_that_changes_dtype_or_device_under_its_caches_fails_loudly(cach
         with pytest.raises(RuntimeError, match=re.escape("Expected query, key, and value to have the same dtype, but "
                                                          "got query.dtype: c10::BFloat16 key.dtype: float")):
             model(prompts(1, 1, seed=1), kv_caches=caches)
-        model.to(torch.float32).to("meta")  # another device, without needing a GPU
+        # block 0 appended before SDPA stopped, so the caches now differ in length: the model refuses them by name
+        with pytest.raises(ValueError, match=re.escape("kv_caches must be model.new_kv_caches()")):
+            model.to(torch.float32)(prompts(1, 1, seed=1), kv_caches=caches)
+        caches = [cache_type() for _ in range(CFG.n_layers)]
+        model(prompts(1, 3, seed=0), kv_caches=caches)
+        model.to("meta")  # another device, without needing a GPU
         with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
             model(prompts(1, 1, seed=1).to("meta"), kv_caches=caches)
 

@@ -58,13 +58,22 @@ def rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
+def patched_name(node: ast.AST) -> str | None:
+    """`Cls.method` for a function that fastcore's `@patch` adds to class Cls (its `self` annotated Cls): a method
+    a later lesson adds to an earlier class where it teaches the addition, not a module-level name."""
+    if (isinstance(node, ast.ClassDef) or not any(isinstance(d, ast.Name) and d.id == "patch" for d in node.decorator_list)
+            or not node.args.args or node.args.args[0].annotation is None):
+        return None
+    return f"{ast.unparse(node.args.args[0].annotation)}.{node.name}"
+
+
 def definitions(tree: ast.Module, where: str) -> tuple[list[Definition], list[str]]:
     """Top-level definitions of a cell, one per bound name; imports count once per alias.
     Returns the definitions and the statements that are not definitions (the caller decides)."""
     found, others = [], []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            found.append(Definition(node.name, node, where))
+            found.append(Definition(patched_name(node) or node.name, node, where))
         elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
             found += [Definition(t.id, node, where) for t in node.targets]
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -151,7 +160,7 @@ def notebook_problems(root: Path) -> tuple[list[str], list[str]]:
                                 f"({nb.exports[d.name].where}); give a draft version its own name (e.g. "
                                 f"`{d.name}V1`)")
         for name, d in nb.exports.items():
-            if name in earlier_exports:
+            if name in earlier_exports and "." not in name:  # a @patch may replace an earlier lesson's method
                 problems.append(f"{d.where}: redefines `{name}`, exported earlier by {earlier_exports[name].where}")
         for imported, where in nb.imports:
             parts = imported.split(".")
@@ -293,6 +302,24 @@ def test_checker_rejects_a_later_notebook_redefining_an_earlier_export(tmp_path,
     [problem] = mirror_problems(tmp_path)
     assert problem.startswith("notebooks/01_later.ipynb cell 1: redefines `area`, exported earlier by "
                               "notebooks/00_demo.ipynb cell 1"), problem
+
+
+PATCH_CELLS = ["#| export\nfrom fastcore.basics import patch\n\nclass Shape:\n    def area(self):\n        return 0",
+               "#| export\n@patch\ndef area(self: Shape):\n    return 1"]
+
+
+def test_checker_accepts_a_later_notebook_patching_an_earlier_class_once(tmp_path):
+    later = ["#| default_exp later\nfrom course_lib.demo import Shape\nfrom fastcore.basics import patch",
+             "#| export\n@patch\ndef area(self: Shape):\n    return 2"]
+    write_course(tmp_path, [CELLS[0], *PATCH_CELLS], later)
+    assert mirror_problems(tmp_path) == []
+
+
+def test_checker_rejects_a_method_patched_twice_in_one_notebook(tmp_path):
+    write_course(tmp_path, [CELLS[0], *PATCH_CELLS, PATCH_CELLS[1].replace("return 1", "return 2")])
+    [problem] = mirror_problems(tmp_path)
+    assert problem == ("notebooks/00_demo.ipynb cell 3: `Shape.area` is exported twice (also in "
+                       "notebooks/00_demo.ipynb cell 2)"), problem
 
 
 @pytest.mark.parametrize("imported", ["import transformers", "from course_lib.third import thing",

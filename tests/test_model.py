@@ -189,17 +189,21 @@ def test_the_head_is_tied_by_default_as_in_gpt2():
     assert model.out_head.weight is model.embedding.tok_emb.weight
 
 
-def test_kv_caches_that_are_not_a_list_of_caches_fail_loudly():
-    # was: the model's named check of kv_caches and last_only (issue 29: the model checks its token ids, not the
-    # caches it is given). What is not a list, or a list too short for the blocks, still fails in Python.
+def test_kv_caches_that_do_not_fit_the_model_are_refused():
+    """One cache per block, all holding the same positions: a missing cache (None), a short list, or caches of
+    different lengths would silently give new tokens wrong positions or no memory, so check_kv_caches refuses them
+    before any cache changes."""
     model = small_model()
     ids = torch.zeros(1, 3, dtype=torch.long)
-    with pytest.raises(TypeError, match=re.escape("'KVCache' object is not subscriptable")):
-        model(ids, KVCache())
-    with pytest.raises(IndexError, match="list index out of range"):
-        model(ids, [KVCache()])
-    # No longer refused, and not loud: [KVCache(), None] (block 1 then runs without a cache), caches holding different
-    # numbers of tokens (positions follow kv_caches[0]), and a last_only that is not a bool (read by truthiness).
+    message = re.escape("kv_caches must be model.new_kv_caches(): one cache per block (2), all holding the same "
+                        "positions; start again with new ones")
+    uneven = model.new_kv_caches()
+    uneven[0].append(torch.zeros(1, 4, 2, 8), torch.zeros(1, 4, 2, 8))  # block 0 holds 2 positions, block 1 none
+    for caches in (KVCache(), [KVCache()], [KVCache(), None], uneven):
+        with pytest.raises(ValueError, match=message):
+            model(ids, caches)
+    assert [len(c) for c in uneven] == [2, 0], "refused before any cache changed"
+    # last_only is read by truthiness: a non-bool is not refused (issue 29 keeps no check for it)
 
 
 BAD_IDS = [  # the model's door, GPTModel.forward's check_token_tensor (issue 29: was GPTEmbedding's and attention's)
@@ -209,8 +213,8 @@ BAD_IDS = [  # the model's door, GPTModel.forward's check_token_tensor (issue 29
     (torch.tensor([[500]]), ValueError, "token_ids holds token id 500 >= vocab_size 500"),
     (torch.tensor([[5, -1]]), ValueError, "token_ids holds token id -1 < 0: token ids index the vocabulary, 0 .. 499"),
     (torch.zeros(1, 17, dtype=torch.long), ValueError,
-     "token_ids has 17 tokens, more than the 16 positions left in the context: crop it to its last 16 tokens "
-     "(or start again with empty KV caches)"),
+     "token_ids has 17 tokens, more than the 16 positions left in the context: crop the input to fit, or start "
+     "again with empty KV caches"),
     (torch.tensor([1, 2, 3]), ValueError, "token_ids must be 2-D (batch, tokens), got shape (3,): for a single "
                                           "sequence add a batch dimension with .unsqueeze(0)"),
     (torch.zeros(1, 2, 3, dtype=torch.long), ValueError, "token_ids must be 2-D (batch, tokens), got shape (1, 2, 3)"),
@@ -245,8 +249,8 @@ def test_too_many_tokens_for_the_caches_are_refused_before_any_cache_changes():
     caches = model.new_kv_caches()
     model(torch.zeros(1, 14, dtype=torch.long), caches)
     with pytest.raises(ValueError, match=re.escape(
-            "token_ids has 3 tokens, more than the 2 positions left in the context: crop it to its last 2 tokens "
-            "(or start again with empty KV caches)")):
+            "token_ids has 3 tokens, more than the 2 positions left in the context: crop the input to fit, or "
+            "start again with empty KV caches")):
         model(torch.zeros(1, 3, dtype=torch.long), caches)
     assert [len(c) for c in caches] == [14] * SMALL.n_layers
     model(torch.zeros(1, 2, dtype=torch.long), caches)  # exactly context_length is fine
@@ -264,7 +268,7 @@ def test_the_door_errors_scale_to_gpt2_sizes():
     # was test_errors_scale_to_gpt2_sizes in test_embeddings.py
     model = GPTModel(GPTConfig(emb_dim=8, n_heads=2, n_layers=1))  # GPT-2's vocabulary and context, tiny width
     with pytest.raises(ValueError, match=re.escape("token_ids has 1025 tokens, more than the 1024 positions left in "
-                                                   "the context: crop it to its last 1024 tokens")):
+                                                   "the context: crop the input to fit")):
         model(torch.zeros(1, 1025, dtype=torch.long))
     with pytest.raises(ValueError, match="token id 50300 >= vocab_size 50257"):
         model(torch.tensor([[50300]]))
