@@ -3,7 +3,8 @@
 The model checks its token ids at the door, and reads their values only where that is free (a CPU tensor, outside
 torch.compile); the layers behind the door check nothing per call. So torch.compile sees one graph per forward,
 and compiled cached decoding does not compile a new graph for every token: the cache length is a shape that
-dynamo marks dynamic after the first change, not a Python number it specialises on."""
+dynamo marks dynamic after the first change, not a Python number it specialises on. (That the forward is one graph,
+with no break, in training and in cached decoding: tests/test_model.py, test_the_forward_runs_as_one_compiled_graph_...)"""
 
 import pytest
 import torch
@@ -24,19 +25,6 @@ def model():
 
 def caches_of(kind, model):
     return [StaticKVCache(CFG.context_length) for _ in model.trf_blocks] if kind == "static" else model.new_kv_caches()
-
-
-def test_no_graph_break_in_training_or_cached_decoding(model):
-    ids = torch.randint(0, CFG.vocab_size, (2, 12))
-    training = torch._dynamo.explain(model)(ids)
-    assert training.graph_break_count == 0, training.break_reasons
-    assert training.graph_count == 1
-    for kind in ("static", "growing"):
-        caches = caches_of(kind, model)
-        with torch.no_grad():
-            model(ids[:, :8], kv_caches=caches)  # the prompt
-            step = torch._dynamo.explain(model)(ids[:, 8:9], kv_caches=caches, last_only=True)
-        assert step.graph_break_count == 0, (kind, step.break_reasons)
 
 
 @pytest.mark.parametrize("kind", ["static", "growing"])

@@ -359,7 +359,7 @@ def test_the_forward_runs_as_one_compiled_graph_in_training_and_in_cached_decodi
     """Nothing in GPTModel's forward reads a tensor back to the host under torch.compile (a graph break there is a
     host synchronisation on a GPU): one graph for a training forward and for each cached decoding step, with the
     growing cache of notebook 05 and the static one of notebook 08. Outside compile, on the CPU, the model still
-    reads the ids and names one outside the vocabulary (test_bad_token_ids_are_caught_by_the_embedding)."""
+    reads the ids and names one outside the vocabulary (test_bad_token_ids_are_refused_at_the_model_door)."""
     from course_lib.generation import StaticKVCache
 
     model = small_model(tie_weights=True)
