@@ -57,7 +57,7 @@ GPT2_NAME_MAP = (
 # constants, not learned: our attention builds its own mask, so the loader skips them.
 GPT2_MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 
-
+# %% ../notebooks/10_pretrained_gpt2.ipynb #expand-name-map
 def expand_name_map(n_layers: int) -> list[tuple[str, str, int | None, bool]]:
     """GPT2_NAME_MAP with "{i}" filled in for blocks 0 .. n_layers - 1: one row per parameter of ours."""
     rows = []

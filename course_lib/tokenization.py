@@ -156,7 +156,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 DATA_DIR = Path(files("course_lib")) / "data"
 EOS_ID = 50256  # GPT-2's <|endoftext|>: it separates documents in the training data
 
-
+# %% ../notebooks/01_tokenization.ipynb #gpt2-tokenizer
 GPT2_BPE_FILES = {
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
