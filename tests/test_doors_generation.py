@@ -1,0 +1,203 @@
+"""Issue 30: the doors of course_lib.generation (generate, generate_text_simple, sample_next_token, scale_logits,
+top_k_filter, top_p_filter, StaticKVCache, next_token_logits, check_generation_args, check_sampling_args,
+check_kv_caches, eval_mode), called as a user who has not read the code would call them. Each case is a call and
+its expected outcome: ("error", type, a fragment of the message that names the argument) or ("result", check);
+("error", type, fragment, "pytorch") is PyTorch's own error, which names no argument of ours.
+`python tests/test_doors_generation.py` counts the outcomes as clear / correct / unclear / silent."""
+
+import math
+import re
+import sys
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.attention import KVCache
+from course_lib.config import GPTConfig
+from course_lib.generation import (StaticKVCache, check_generation_args, check_kv_caches, check_sampling_args,
+                                   eval_mode, generate, generate_text_simple, next_token_logits, sample_next_token,
+                                   scale_logits, top_k_filter, top_p_filter)
+from course_lib.model import GPTModel
+
+CFG = GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=2, drop_rate=0.0)
+torch.manual_seed(0)
+MODEL = GPTModel(CFG).eval()
+IDS = torch.tensor([[1, 2, 3]])
+GREEDY = generate(MODEL, IDS, 2)  # (1, 5)
+L = torch.tensor([[1.0, 3.0, 2.0]])  # next-token logits of one row: token 1 is the most likely
+
+
+def equals(expected):
+    return lambda result: torch.equal(result, expected) if isinstance(expected, torch.Tensor) else result == expected
+
+
+def shape(*expected):
+    return lambda result: tuple(result.shape) == expected
+
+
+def mode_restored():
+    model = GPTModel(CFG).train()
+    model.final_norm.eval()
+    with eval_mode(model):
+        inside = not any(m.training for m in model.modules())
+    return inside and model.training and not model.final_norm.training
+
+
+def mode_restored_after_error():
+    model = GPTModel(CFG).train()
+    try:
+        generate(model, torch.tensor([[60]]), 2)
+    except ValueError:
+        return model.training
+    return False
+
+
+def ntl_refills():
+    caches = MODEL.new_kv_caches()
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9]])
+    first = next_token_logits(MODEL, ids[:, :8], caches, 8)  # a full window: fills the caches
+    again = next_token_logits(MODEL, ids, caches, 8)  # full: refilled from the last 8 tokens
+    return torch.allclose(first, MODEL(ids[:, :8])[:, -1]) and torch.allclose(again, MODEL(ids[:, 1:])[:, -1], atol=1e-6)
+
+
+CASES = [
+    # generate_text_simple and check_generation_args
+    ("simple ok", lambda: generate_text_simple(MODEL, IDS, 2, None), ("result", equals(GREEDY))),
+    ("simple cropped", lambda: generate_text_simple(MODEL, IDS, 7, 8), ("result", shape(1, 10))),
+    ("simple int32", lambda: generate_text_simple(MODEL, IDS.int(), 2, None), ("result", equals(GREEDY.int()))),
+    ("simple 0 new", lambda: generate_text_simple(MODEL, IDS, 0, None), ("result", equals(IDS))),
+    ("simple list", lambda: generate_text_simple(MODEL, [[1, 2]], 2, None), ("error", TypeError, "token_ids must be a torch.Tensor")),
+    ("simple 1-D", lambda: generate_text_simple(MODEL, IDS[0], 2, None), ("error", ValueError, "token_ids must be 2-D")),
+    ("simple float ids", lambda: generate_text_simple(MODEL, IDS.float(), 2, None), ("error", TypeError, "token_ids must hold integer")),
+    ("simple int16", lambda: generate_text_simple(MODEL, IDS.short(), 2, None), ("error", RuntimeError, "Long, Int", "pytorch")),
+    ("simple id too big", lambda: generate_text_simple(MODEL, torch.tensor([[50]]), 2, None), ("error", ValueError, ">= vocab_size 50")),
+    ("simple meta ids", lambda: generate_text_simple(MODEL, IDS.to("meta"), 2, None), ("error", ValueError, "token_ids is on meta")),
+    ("simple max -1", lambda: generate_text_simple(MODEL, IDS, -1, None), ("error", ValueError, "max_new_tokens must be >= 0")),
+    ("simple max 2.0", lambda: generate_text_simple(MODEL, IDS, 2.0, None), ("error", TypeError, "max_new_tokens must be an int")),
+    ("simple max True", lambda: generate_text_simple(MODEL, IDS, True, None), ("error", TypeError, "max_new_tokens must be an int")),
+    ("simple too long", lambda: generate_text_simple(MODEL, IDS, 6, None), ("error", ValueError, "more than the model's context_length 8")),
+    ("simple context 0", lambda: generate_text_simple(MODEL, IDS, 2, 0), ("error", ValueError, "context_length must be >= 1")),
+    ("simple context 9", lambda: generate_text_simple(MODEL, IDS, 2, 9), ("error", ValueError, "context_length must be in [1, 8]")),
+    ("simple context 2.0", lambda: generate_text_simple(MODEL, IDS, 2, 2.0), ("error", TypeError, "context_length must be an int")),
+    ("simple not a GPT", lambda: generate_text_simple(nn.Linear(2, 2), IDS, 2, None), ("error", TypeError, "model.cfg must be a GPTConfig")),
+    ("check_generation_args ok", lambda: check_generation_args(MODEL, IDS, 2, None), ("result", equals(8))),
+    ("check eos -1", lambda: check_generation_args(MODEL, IDS, 2, None, -1), ("error", ValueError, "eos_id must be >= 0")),
+    ("check eos 50", lambda: check_generation_args(MODEL, IDS, 2, None, 50), ("error", ValueError, "eos_id must be in [0, 49]")),
+    # generate
+    ("generate sampled", lambda: generate(MODEL, IDS, 3, temperature=1.0, top_k=5, top_p=0.9,
+                                          generator=torch.Generator().manual_seed(1)), ("result", shape(1, 6))),
+    ("generate no cache", lambda: generate(MODEL, IDS, 2, use_cache=False), ("result", equals(GREEDY))),
+    ("generate batch", lambda: generate(MODEL, IDS.repeat(2, 1), 2)[1], ("result", equals(GREEDY[0]))),
+    # use_cache only changes the cost, never the tokens: a truthy or falsy non-bool gives the right answer
+    ("generate use_cache 'no'", lambda: generate(MODEL, IDS, 2, use_cache="no"), ("result", equals(GREEDY))),
+    ("generate use_cache None", lambda: generate(MODEL, IDS, 2, use_cache=None), ("result", equals(GREEDY))),
+    ("generate temperature -1", lambda: generate(MODEL, IDS, 2, temperature=-1), ("error", ValueError, "temperature must be in [0, inf)")),
+    ("generate temperature nan", lambda: generate(MODEL, IDS, 2, temperature=math.nan), ("error", ValueError, "temperature must be in")),
+    ("generate temperature str", lambda: generate(MODEL, IDS, 2, temperature="1"), ("error", TypeError, "temperature must be a number")),
+    ("generate top_k 0", lambda: generate(MODEL, IDS, 2, temperature=1.0, top_k=0), ("error", ValueError, "top_k must be >= 1")),
+    ("generate top_k 2.0", lambda: generate(MODEL, IDS, 2, temperature=1.0, top_k=2.0), ("error", TypeError, "top_k must be an int")),
+    ("generate top_p 0", lambda: generate(MODEL, IDS, 2, temperature=1.0, top_p=0), ("error", ValueError, "top_p must be in (0, 1]")),
+    ("generate top_p 1.5", lambda: generate(MODEL, IDS, 2, temperature=1.0, top_p=1.5), ("error", ValueError, "top_p must be in (0, 1]")),
+    ("generate eos True", lambda: generate(MODEL, IDS, 2, eos_id=True), ("error", TypeError, "eos_id must be an int")),
+    ("generate generator int", lambda: generate(MODEL, IDS, 2, temperature=1.0, generator=5), ("error", TypeError, "'generator' must be torch.Generator")),
+    ("generate modes restored", mode_restored_after_error, ("result", bool)),
+    # sample_next_token
+    ("sample greedy", lambda: sample_next_token(L), ("result", equals(torch.tensor([[1]])))),
+    ("sample top_k 1", lambda: sample_next_token(L, 1.0, top_k=1), ("result", equals(torch.tensor([[1]])))),
+    ("sample bfloat16", lambda: sample_next_token(L.bfloat16(), 1.0, top_p=0.01), ("result", equals(torch.tensor([[1]])))),
+    ("sample empty batch", lambda: sample_next_token(torch.zeros(0, 3)), ("result", shape(0, 1))),
+    ("sample 1-D row", lambda: sample_next_token(L[0]), ("error", ValueError, "logits must be 2-D (batch, vocab_size)")),
+    ("sample 1-D row hot", lambda: sample_next_token(L[0], 1.0), ("error", ValueError, "logits must be 2-D (batch, vocab_size)")),
+    ("sample model output", lambda: sample_next_token(torch.zeros(1, 2, 3)), ("error", ValueError, "logits must be 2-D")),
+    ("sample model output hot", lambda: sample_next_token(torch.zeros(1, 2, 3), 1.0), ("error", ValueError, "logits must be 2-D")),
+    ("sample token ids", lambda: sample_next_token(torch.tensor([[1, 3, 2]])), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("sample list", lambda: sample_next_token([[1.0, 2.0]]), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("sample empty vocab", lambda: sample_next_token(torch.zeros(1, 0)), ("error", ValueError, "logits must be")),
+    ("sample nan", lambda: sample_next_token(torch.tensor([[math.nan, 1.0]])), ("error", ValueError, "logits hold NaN")),
+    ("sample all -inf", lambda: sample_next_token(torch.full((1, 3), -math.inf)), ("error", ValueError, "all -inf")),
+    ("sample all -inf hot", lambda: sample_next_token(torch.full((1, 3), -math.inf), 1.0), ("error", ValueError, "all -inf")),
+    ("sample generator int", lambda: sample_next_token(L, 1.0, generator=5), ("error", TypeError, "'generator' must be torch.Generator")),
+    # scale_logits, top_k_filter, top_p_filter
+    ("scale ok", lambda: scale_logits(L, 2.0), ("result", equals(L / 2))),
+    ("scale 0", lambda: scale_logits(L, 0), ("error", ValueError, "temperature must be in (0, inf)")),
+    ("scale list", lambda: scale_logits([1.0, 2.0], 2.0), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("scale ids", lambda: scale_logits(torch.tensor([1, 2]), 2.0), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("top_k ok", lambda: top_k_filter(L, 2), ("result", equals(torch.tensor([[-math.inf, 3.0, 2.0]])))),
+    ("top_k > vocab", lambda: top_k_filter(L, 10), ("result", equals(L))),
+    ("top_k 0", lambda: top_k_filter(L, 0), ("error", ValueError, "top_k must be >= 1")),
+    ("top_k ids", lambda: top_k_filter(torch.tensor([1, 2, 3]), 1), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("top_k 0-D", lambda: top_k_filter(torch.tensor(1.0), 1), ("error", ValueError, "logits must be")),
+    ("top_k list", lambda: top_k_filter([1.0, 2.0], 1), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("top_p ok", lambda: top_p_filter(torch.log(torch.tensor([0.5, 0.3, 0.2])), 0.7),
+     ("result", lambda r: r.isinf().tolist() == [False, False, True])),
+    ("top_p 1", lambda: top_p_filter(L, 1), ("result", equals(L))),
+    ("top_p nan", lambda: top_p_filter(L, math.nan), ("error", ValueError, "top_p must be in (0, 1]")),
+    ("top_p ids", lambda: top_p_filter(torch.tensor([1, 2, 3]), 0.5), ("error", TypeError, "logits must be a floating-point tensor")),
+    ("top_p 0-D", lambda: top_p_filter(torch.tensor(1.0), 0.5), ("error", ValueError, "logits must be")),
+    ("top_p list", lambda: top_p_filter([1.0, 2.0], 0.5), ("error", TypeError, "logits must be a floating-point tensor")),
+    # StaticKVCache
+    ("static ok", lambda: MODEL(IDS, kv_caches=[StaticKVCache(3), StaticKVCache(3)]), ("result", lambda r: torch.allclose(r, MODEL(IDS)))),
+    ("static capacity 0", lambda: StaticKVCache(0), ("error", ValueError, "capacity must be >= 1")),
+    ("static capacity 2.5", lambda: StaticKVCache(2.5), ("error", TypeError, "capacity must be an int")),
+    ("static capacity None", lambda: StaticKVCache(None), ("error", TypeError, "capacity must be an int")),
+    ("static capacity str", lambda: StaticKVCache("8"), ("error", TypeError, "capacity must be an int")),
+    ("static too small", lambda: MODEL(IDS, kv_caches=[StaticKVCache(2), StaticKVCache(2)]), ("error", ValueError, "> capacity 2")),
+    # next_token_logits
+    ("next ok", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), 8), ("result", lambda r: torch.allclose(r, MODEL(IDS)[:, -1]))),
+    ("next refills", ntl_refills, ("result", bool)),
+    ("next caches None", lambda: next_token_logits(MODEL, IDS, None, 8), ("error", ValueError, "caches must be")),
+    ("next caches []", lambda: next_token_logits(MODEL, IDS, [], 8), ("error", ValueError, "caches must be")),
+    ("next context 0", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), 0), ("error", ValueError, "context_length must be >= 1")),
+    ("next context -1", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), -1), ("error", ValueError, "context_length must be >= 1")),
+    ("next context 2.0", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), 2.0), ("error", TypeError, "context_length must be an int")),
+    ("next list ids", lambda: next_token_logits(MODEL, [[1]], MODEL.new_kv_caches(), 8), ("error", TypeError, "token_ids must be a torch.Tensor")),
+    ("next 1-D ids", lambda: next_token_logits(MODEL, IDS[0], MODEL.new_kv_caches(), 8), ("error", ValueError, "token_ids must be 2-D")),
+    # check_sampling_args, check_kv_caches, eval_mode
+    ("sampling args ok", lambda: check_sampling_args(0.7, 40, 0.95), ("result", lambda r: r is None)),
+    ("sampling top_k True", lambda: check_sampling_args(top_k=True), ("error", TypeError, "top_k must be an int")),
+    ("kv caches None", lambda: check_kv_caches(None, 2), ("result", lambda r: r is None)),
+    ("kv caches str", lambda: check_kv_caches("ab", 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
+    ("kv caches of str", lambda: check_kv_caches(["a", "b"], 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
+    ("kv caches int", lambda: check_kv_caches(3, 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
+    ("kv caches ok", lambda: check_kv_caches([KVCache(), StaticKVCache(4)], 2), ("result", lambda r: r is None)),
+    ("eval_mode restores", mode_restored, ("result", bool)),
+    ("eval_mode None", lambda: eval_mode(None).__enter__(), ("error", TypeError, "model must be a Module")),
+    ("eval_mode str", lambda: eval_mode("gpt2").__enter__(), ("error", TypeError, "model must be a Module")),
+]
+
+
+def outcome(call, expected) -> str:
+    """clear / correct / unclear / silent; an expected error marked "pytorch" (PyTorch's own message, which names
+    no argument of ours) counts as unclear."""
+    try:
+        result, error = call(), None
+    except Exception as raised:  # noqa: BLE001
+        error = raised
+    if expected[0] == "error":
+        if error is None:
+            return "silent"
+        ours = isinstance(error, expected[1]) and expected[2] in str(error) and expected[3:] != ("pytorch",)
+        return "clear" if ours else "unclear"
+    if error is not None:
+        return "unclear"
+    return "correct" if expected[1](result) else "silent"
+
+
+@pytest.mark.parametrize("call, expected", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_door(call, expected):
+    if expected[0] == "error":
+        with pytest.raises(expected[1], match=re.escape(expected[2])):
+            call()
+    else:
+        assert expected[1](call())
+
+
+if __name__ == "__main__":
+    counts = Counter()
+    for name, call, expected in CASES:
+        counts[kind := outcome(call, expected)] += 1
+        if "-v" in sys.argv or kind in ("unclear", "silent"):
+            print(f"{kind:8} {name}")
+    print(dict(counts), "of", len(CASES))
