@@ -10,12 +10,21 @@ import math
 import operator
 import torch
 
-from .guards import check_int
+from .guards import check_bool, check_int, check_type
 
 
 def check_token_ids(ids, vocab_size: float = math.inf, name: str = "ids") -> list[int]:
     """Return `ids` (a sequence of ints or a 1-D tensor) as a list of ints in [0, vocab_size)."""
-    ids = [operator.index(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]  # not an int: TypeError
+    try:  # a bool, a float, a str or a nested list is not an int: operator.index raises TypeError
+        if isinstance(ids, (str, bytes)) or (isinstance(ids, torch.Tensor) and ids.dim() != 1):
+            raise TypeError
+        ids = [operator.index(None if isinstance(i, bool) else i) for i in
+               (ids.tolist() if isinstance(ids, torch.Tensor) else list(ids))]
+    except TypeError:
+        got = (f"a tensor of shape {tuple(ids.shape)}, {ids.dtype}" if isinstance(ids, torch.Tensor)
+               else type(ids).__name__)
+        raise TypeError(f"{name} must be a sequence of int token ids or a 1-D integer tensor, got {got}: pass a list "
+                        "like [15496, 11], or one row of a batch, ids[0]") from None
     for position, token_id in enumerate(ids):
         if not 0 <= token_id < vocab_size:
             raise ValueError(f"{name}[{position}] = {token_id} is not a token id: they run from 0 to {vocab_size - 1}")
@@ -26,6 +35,8 @@ class CharTokenizer:
     """One id per character: id i stands for chars[i]."""
 
     def __init__(self, chars):
+        if not isinstance(chars, (str, list, tuple)):  # a set has no order: the ids would change from run to run
+            raise TypeError(f"chars must be a str or a list of single characters, got {type(chars).__name__}")
         self.chars = list(chars)
         self.stoi = {ch: i for i, ch in enumerate(self.chars)}  # character -> id
         for i, ch in enumerate(self.chars):
@@ -35,6 +46,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> "CharTokenizer":
         """The vocabulary is the sorted set of characters that occur in `text`."""
+        check_type("text", text, str, "decode bytes first with .decode('utf-8')")
         return cls(sorted(set(text)))
 
     @property
@@ -42,6 +54,7 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
+        check_type("text", text, str, "decode bytes first with .decode('utf-8')")
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
             raise ValueError(f"characters {unknown} are not in the vocabulary: build it from a text that has them")
@@ -60,6 +73,7 @@ GPT2_SPLIT_PATTERN = regex.compile(r50k_pat_str)
 
 def split_words(text: str) -> list[str]:
     """Cut text into GPT-2's chunks (a word with its leading space, a number, punctuation, spaces)."""
+    check_type("text", text, str, "decode bytes first with .decode('utf-8')")
     return GPT2_SPLIT_PATTERN.findall(text)
 
 # %% ../notebooks/01_tokenization.ipynb #2e80fb5b
@@ -68,6 +82,7 @@ from collections import Counter
 
 def count_pairs(words: dict[tuple[bytes, ...], int]) -> Counter:
     """How often each adjacent pair of symbols occurs; a word counts as often as it appears."""
+    check_type("words", words, dict, "map each word, a tuple of symbols, to its count: {(b'h', b'i'): 3}")
     pairs = Counter()
     for symbols, freq in words.items():
         for pair in zip(symbols, symbols[1:]):
@@ -77,6 +92,8 @@ def count_pairs(words: dict[tuple[bytes, ...], int]) -> Counter:
 # %% ../notebooks/01_tokenization.ipynb #2e80fb5b-1
 def merge_pair(symbols: tuple[bytes, ...], pair: tuple[bytes, bytes]) -> tuple[bytes, ...]:
     """Replace every occurrence of `pair` in `symbols`, scanning left to right, by the joined symbol."""
+    if not (isinstance(pair, tuple) and len(pair) == 2):  # anything else would never match: a silent no-op
+        raise ValueError(f"pair must be two symbols (left, right), like (b'h', b'e'), got {pair!r}")
     merged, i = [], 0
     while i < len(symbols):
         if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
@@ -111,11 +128,13 @@ class BPETokenizer:
     """Byte-level BPE: ids 0-255 are the single bytes, id 256 + k is the token made by merges[k]."""
 
     def __init__(self, merges: list[tuple[bytes, bytes]]):
+        check_type("merges", merges, list, "pass train_bpe(...) or gpt2_merges(), a list of (bytes, bytes) pairs")
         self.vocab = {i: bytes([i]) for i in range(256)}  # id -> bytes
         self.token_to_id = {token: i for i, token in self.vocab.items()}  # bytes -> id
         self.ranks = {}  # pair -> its position in merges: lower ranks are applied first
         for rank, pair in enumerate(merges):
-            if len(pair) != 2 or pair in self.ranks or not all(part in self.token_to_id for part in pair):
+            if (not isinstance(pair, tuple) or len(pair) != 2 or pair in self.ranks
+                    or not all(part in self.token_to_id for part in pair)):
                 raise ValueError(f"merges[{rank}] = {pair!r} is not a new pair of tokens that earlier merges made, "
                                  "like (b'h', b'e'): list the merges once each, in the order they were learned")
             self.ranks[pair] = rank
@@ -225,6 +244,9 @@ def create_dataloader(token_ids, batch_size: int, context_length: int, stride: i
     """Batches of (inputs, targets), each (batch_size, context_length), from a token stream.
 
     Shuffling draws from a torch.Generator seeded with `seed`: the same seed gives the same batches."""
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("seed", seed)
+    check_bool("shuffle", shuffle)  # DataLoader would shuffle for any truthy value, "no" included
     dataset = GPTDataset(token_ids, context_length, stride)
     if drop_last and len(dataset) < batch_size:
         raise ValueError(f"batch_size {batch_size} is larger than the {len(dataset)} windows, so drop_last=True "
