@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from .block import TransformerBlock
 from .config import GPTConfig, check_config
 from .embeddings import GPTEmbedding
-from .guards import check_token_tensor
+from .guards import check_int, check_token_tensor, check_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462
@@ -48,6 +48,7 @@ def init_gpt2_weights(model: GPTModel) -> None:
     """GPT-2's initialisation: weights ~ N(0, 0.02), biases 0, LayerNorm scale 1 and shift 0; the two
     projections that write into the shortcut path get std 0.02 / sqrt(2 * n_layers), so the sum of
     2 * n_layers residual updates keeps roughly the variance of one."""
+    check_type("model", model, GPTModel, "build one with GPTModel(cfg), which calls init_gpt2_weights itself")
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -66,6 +67,8 @@ def trace_shapes(model: nn.Module, token_ids: Tensor, max_depth: int | None = No
     """Run one forward pass and list (module name, output shape) for every submodule it calls, in the
     order the calls start (a parent before its children); max_depth=1 keeps top-level names only,
     2 also their children, and so on. The hooks are removed afterwards, even if the pass fails."""
+    check_type("model", model, nn.Module, "pass the model itself, like GPTModel(cfg)")
+    check_int("max_depth", 1 if max_depth is None else max_depth, minimum=1)  # None: every level
     trace: list[list] = []  # [name, shape] pairs; the shape is filled in when the call ends
     open_calls: list[int] = []  # indices into trace of the calls still running (calls nest)
 

@@ -169,11 +169,16 @@ def test_trace_shapes_lists_every_stage_in_call_order_and_removes_its_hooks():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
-def test_trace_shapes_fails_loudly_on_a_model_that_is_not_a_module():
-    # was: trace_shapes' own checks of model and max_depth (issue 29 removed them; max_depth 0 now lists nothing and
-    # 1.5 lists every level, without an error); a str is not traced, it fails
-    with pytest.raises(AttributeError, match=re.escape("'str' object has no attribute 'named_modules'")):
-        trace_shapes("gpt2", torch.zeros(1, 2, dtype=torch.long))
+@pytest.mark.parametrize("model, max_depth, error, message", [
+    ("gpt2", None, TypeError, "model must be a Module, got str: pass the model itself, like GPTModel(cfg)"),
+    # issue 30: max_depth 0 listed nothing and 1.5 every level, without an error
+    (None, 0, ValueError, "max_depth must be >= 1, got 0"),
+    (None, 1.5, TypeError, "max_depth must be an int, got 1.5 (float)"),
+])
+def test_trace_shapes_refuses_what_it_cannot_trace(model, max_depth, error, message):
+    model = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=1)) if model is None else model
+    with pytest.raises(error, match=re.escape(message)):
+        trace_shapes(model, torch.zeros(1, 2, dtype=torch.long), max_depth=max_depth)
 
 
 def test_bad_constructor_arguments():
