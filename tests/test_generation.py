@@ -116,17 +116,25 @@ def test_static_cache_refuses_more_positions_than_its_capacity(model):
     assert len(static[0]) == 5
 
 
-# was: StaticKVCache's own check of capacity (issue 29: generate computes the capacity it builds the caches with).
-# A capacity that holds nothing, or is not a number, still fails loudly at the first append.
+# A capacity that holds nothing, or is not an int, is refused where it is given (issue 30; issue 29 had left it to
+# the first append, where "8" failed in a comparison).
 @pytest.mark.parametrize("capacity, error, message", [
-    (0, ValueError, "0 cached + 3 new positions > capacity 0"),
-    (-1, ValueError, "0 cached + 3 new positions > capacity -1"),
-    ("8", TypeError, "'>' not supported between instances of 'int' and 'str'"),
+    (0, ValueError, "capacity must be >= 1, got 0"),
+    (-1, ValueError, "capacity must be >= 1, got -1"),
+    ("8", TypeError, "capacity must be an int, got '8' (str)"),
 ])
-def test_a_static_cache_without_room_fails_loudly_at_the_first_append(model, capacity, error, message):
-    static = [StaticKVCache(capacity) for _ in range(CFG.n_layers)]
+def test_a_static_cache_without_room_is_refused(capacity, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        model(prompts(1, 3, seed=0), kv_caches=static)
+        StaticKVCache(capacity)
+
+
+def test_a_static_cache_refuses_another_batch(model):
+    # issue 30: the new keys would broadcast into the stores of another batch, silently
+    static = [StaticKVCache(8) for _ in range(CFG.n_layers)]
+    model(prompts(2, 3, seed=0), kv_caches=static)
+    with pytest.raises(ValueError, match=re.escape("this StaticKVCache holds 2 rows (sequences), the new keys 1 rows")):
+        model(prompts(1, 1, seed=1), kv_caches=static)
+    assert [len(cache) for cache in static] == [3, 3], "the refused call wrote nothing"
 
 
 @pytest.mark.parametrize("cache_type", [KVCache, lambda: StaticKVCache(8)])
@@ -465,12 +473,16 @@ def test_token_ids_on_another_device_than_the_model_is_rejected(model):
     (lambda: top_p_filter(EXAMPLE, 0), ValueError, "top_p must be in (0, 1], got 0"),
     (lambda: top_p_filter(EXAMPLE, 1.01), ValueError, "top_p must be in (0, 1], got 1.01"),
     (lambda: check_sampling_args(top_p=float("nan")), ValueError, "top_p must be in (0, 1], got nan"),
-    # was check_logits and check_generator (issue 29): logits come from the model; what else reaches the pieces
-    # fails in PyTorch. (Empty and 1-D logits are no longer refused: scale_logits divides an empty tensor, and
-    # sample_next_token draws one token from a 1-D row.)
-    (lambda: top_k_filter(torch.tensor([1, 2]), 1), RuntimeError, "value cannot be converted to type int64_t without "
-                                                                   "overflow"),  # -inf into integer logits
-    (lambda: top_p_filter([1.0, 2.0], 0.5), AttributeError, "'list' object has no attribute"),
+    # check_logits (issue 30): token ids or a list are refused by name; sample_next_token wants (batch, vocab_size),
+    # since the model's output (batch, tokens, vocab_size) would give one greedy token per position, silently
+    (lambda: top_k_filter(torch.tensor([1, 2]), 1), TypeError, "logits must be a floating-point tensor of scores "
+                                                               "(..., vocab_size), got dtype torch.int64"),
+    (lambda: top_p_filter([1.0, 2.0], 0.5), TypeError, "logits must be a floating-point tensor of scores (..., "
+                                                       "vocab_size), got list"),
+    (lambda: sample_next_token(EXAMPLE), ValueError, "logits must be 2-D (batch, vocab_size) with at least one token, "
+                                                     "got shape (8,): for one row use logits.unsqueeze(0)"),
+    (lambda: sample_next_token(EXAMPLE[None, None]), ValueError, "of the model's output (batch, tokens, vocab_size) "
+                                                                 "take the last position, logits[:, -1, :]"),
     (lambda: sample_next_token(EXAMPLE[None], 1.0, generator="seed"), TypeError,
      "multinomial(): argument 'generator' must be torch.Generator, not str"),
 ])
@@ -486,17 +498,18 @@ def test_sampling_pieces_reject_bad_inputs(call, error, message):
 def test_nan_or_plus_inf_logits_are_refused_by_name(bad, temperature):
     logits = torch.randn(3, 10)
     logits[1, 4] = bad
-    with pytest.raises(ValueError, match=re.escape("logits hold NaN or +inf, so no token can be chosen: the model's "
-                                                   "output is broken")):
+    with pytest.raises(ValueError, match=re.escape("logits hold NaN or +inf, or a row that is all -inf, so no token "
+                                                   "can be chosen: the model's output is broken")):
         sample_next_token(logits, temperature, generator=torch.Generator().manual_seed(0))
 
 
 def test_a_row_without_any_token_left_fails_loudly_when_sampled():
-    # was: our "-inf everywhere" ValueError (issue 29: no longer read per step); multinomial refuses the NaN row
+    # issue 30: read in the same look as NaN and +inf (on the CPU), since greedy decoding silently picked token 0
     logits = torch.randn(2, 10)
     logits[0] = -math.inf
-    with pytest.raises(RuntimeError, match=re.escape("probability tensor contains either `inf`, `nan` or element < 0")):
-        sample_next_token(logits, 1.0)
+    for temperature in (0.0, 1.0):
+        with pytest.raises(ValueError, match=re.escape("or a row that is all -inf, so no token can be chosen")):
+            sample_next_token(logits, temperature)
     logits[0, 3] = 0.0  # one token left: it is the only choice
     assert sample_next_token(logits, 1.0, generator=torch.Generator().manual_seed(0))[0, 0] == 3
 
