@@ -178,9 +178,9 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
         tensor = state[key]
         if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and tuple(tensor.shape) == shape
                 and not tensor.is_meta):
-            got = (f"{tensor.dtype} {tuple(tensor.shape)} on {tensor.device}" if isinstance(tensor, Tensor)
-                   else type(tensor).__name__)
-            raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {shape} with data")
+            got = (f"{tensor.dtype} {tuple(tensor.shape)}{' on meta, without data' * tensor.is_meta}"
+                   if isinstance(tensor, Tensor) else type(tensor).__name__)
+            raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {shape}")
         if not bool(torch.isfinite(tensor).all()):  # one look per tensor, in the loader, never in forward
             raise ValueError(f"{source}: {key} holds NaN or infinite values: the file is corrupt or its run diverged")
     if lm_head is not None and not torch.equal(lm_head, state["wte.weight"]):  # False for another shape too
