@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .config import GPT2_CONFIGS, GPTConfig
-from .guards import as_device, check_int
+from .guards import as_device, check_bool, check_int, check_type
 from .model import GPTModel
 from .shards import ShardLoader, prepare
 from .tokenization import CharTokenizer, gpt2_tokenizer
@@ -31,6 +31,8 @@ from .training import TrainConfig, batch_loss, load_shakespeare, lr_at, make_opt
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25
 def flops_per_token(cfg: GPTConfig, n_params: int) -> int:
     "Training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's 12 x layers x T x d."
+    check_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
+    check_int("n_params", n_params, minimum=1)
     return 6 * n_params + 12 * cfg.n_layers * cfg.context_length * cfg.emb_dim
 
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25-1
@@ -40,6 +42,8 @@ def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.f
     for name, value in (("size", size), ("repeats", repeats)):
         check_int(name, value, minimum=1)  # size 0 would time nothing, repeats 0 would leave no timing
     device = as_device(device)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
     a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
     times = []
     for _ in range(repeats + 1):  # the first is a warmup
@@ -88,16 +92,30 @@ class RunConfig:
             check_int(name, getattr(self, name), minimum=1)
         if self.total_steps is not None:
             check_int("total_steps", self.total_steps, minimum=1)
+        check_bool("compile", self.compile)
+        check_int("seed", self.seed)
+        for name in ("data_dir", "out_dir"):
+            if not isinstance(getattr(self, name), (str, os.PathLike)):
+                raise TypeError(f"{name} must be a directory path (str or Path), got {getattr(self, name)!r}")
+        if self.device is not None:
+            check_type("device", self.device, str, "name it, e.g. 'cpu', 'cuda' or 'cuda:1'")
+            as_device(self.device)  # a name torch does not know: a clear error now, not at the start of the run
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355
 def environment() -> tuple[int, int, int]:
     "(rank, world_size, local_rank) as torchrun sets them; (0, 1, 0) in a plain process."
-    return tuple(int(os.environ.get(name, default)) for name, default in
-                 (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
+    values = {name: os.environ.get(name, default) for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"),
+                                                                        ("LOCAL_RANK", "0"))}
+    for name, value in values.items():
+        if not value.isdigit():
+            raise ValueError(f"environment variable {name}={value!r} is not a whole number: torchrun sets it; "
+                             "unset it to train in one process")
+    return tuple(int(value) for value in values.values())
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355-1
 def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     "The device this rank trains on and the process-group backend that fits it, or a clear error."
+    check_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
     device = as_device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank if device.index is None else device.index)  # one GPU per rank
@@ -113,6 +131,9 @@ def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.devi
 # %% ../notebooks/13_scaling_up.ipynb #30d61355-2
 def accumulation_steps(batch_tokens: int, world_size: int, micro_batch: int, context_length: int) -> int:
     "Micro-batches per rank and optimizer step, so that all ranks together see batch_tokens tokens."
+    for name, value in (("batch_tokens", batch_tokens), ("world_size", world_size), ("micro_batch", micro_batch),
+                        ("context_length", context_length)):
+        check_int(name, value, minimum=1)
     per_pass = world_size * micro_batch * context_length
     if batch_tokens % per_pass:
         raise ValueError(f"batch_tokens {batch_tokens} is not a multiple of world_size x micro_batch x context_length"
@@ -130,16 +151,24 @@ def save_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
     payload = {"format": RUN_CHECKPOINT_FORMAT, "model_config": asdict(model.cfg), "model": model.state_dict(),
                "optimizer": optimizer.state_dict(), "run": asdict(run), "world_size": world_size, "step": step,
                "loader": loader.state_dict(), "history": history}
+    path = Path(path)
     partial = path.with_name(path.name + ".partial")
-    torch.save(payload, partial)
-    os.replace(partial, path)
+    try:
+        torch.save(payload, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 # %% ../notebooks/13_scaling_up.ipynb #0e8abeed-1
 def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size: int, loader: ShardLoader,
              device: torch.device) -> tuple[int, dict]:
     "Every rank restores the run from path; a checkpoint of another shape of run is refused, naming the difference."
-    payload = torch.load(path, map_location=device, weights_only=True)
-    if payload.get("format") != RUN_CHECKPOINT_FORMAT:
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # a truncated zip, a pickle error, another file type
+        raise ValueError(f"{path} cannot be read ({str(error).split('. ')[0]}): it is truncated or not a checkpoint; "
+                         "delete it to start afresh, or restore a copy") from error
+    if not isinstance(payload, dict) or payload.get("format") != RUN_CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a pretraining checkpoint ({RUN_CHECKPOINT_FORMAT!r}): start a new out_dir")
     saved = payload["run"]
     differ = [f"{name} {saved[name]!r} (now {getattr(run, name)!r})" for name in
@@ -160,6 +189,7 @@ def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
 def pretrain(run: RunConfig, progress: bool = True) -> dict:
     """Train the preset's GPTModel on run.data_dir's shards, on one process or as one rank of a torchrun job;
     resume from run.out_dir/checkpoint.pt if it exists. Returns the history (on every rank)."""
+    check_bool("progress", progress)
     rank, world_size, local_rank = environment()
     device, backend = pick_device_and_backend(run, local_rank)
     if world_size > 1:
@@ -190,7 +220,12 @@ def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfi
 def build_run(run: RunConfig, rank: int, world_size: int, device: torch.device) -> tuple:
     "(model, optimizer, schedule, micro-batches per step and rank, loaders) of a run; a missing meta.json: FileNotFoundError."
     data_dir = Path(run.data_dir)
-    meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
+    try:  # a missing file: FileNotFoundError names it
+        meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
+        [meta["shards"][split] for split in ("train", "val")], int(meta["vocab_size"])
+    except (ValueError, KeyError, TypeError) as error:  # not JSON, not UTF-8, a key missing
+        raise ValueError(f"{data_dir / 'meta.json'} is not the meta.json prepare writes (JSON with vocab_size and "
+                         f"shards/train, shards/val): {error!r}; prepare the data again") from error
     cfg, tcfg = PRESETS[run.preset]
     cfg = replace(cfg, vocab_size=meta["vocab_size"])
     total_steps = run.total_steps or tcfg.total_steps  # a short run keeps its warmup inside it
@@ -283,6 +318,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
 @torch.no_grad()
 def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size: int, autocast, device) -> float:
     "Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks."
+    check_int("steps", steps, minimum=1)  # 0 batches have no mean loss
     model.eval()
     saved = loader.state_dict()
     loader.epoch, loader.position = 0, 0  # the same windows at every evaluation, whatever the world size

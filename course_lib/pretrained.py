@@ -8,6 +8,7 @@ __all__ = ['GPT2_NAME_MAP', 'GPT2_MASK_BUFFERS', 'GPT2_CONFIG_DEFAULTS', 'GPT2_H
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #bf6628be
 import json
+import os
 import re
 import socket
 from pathlib import Path
@@ -21,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .config import GPTConfig, get_device
-from .guards import as_device, check_type
+from .guards import as_device, check_int, check_type
 from .model import GPTModel
 from .tokenization import DATA_DIR, EOS_ID, CharTokenizer
 
@@ -60,6 +61,7 @@ GPT2_MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 # %% ../notebooks/10_pretrained_gpt2.ipynb #expand-name-map
 def expand_name_map(n_layers: int) -> list[tuple[str, str, int | None, bool]]:
     """GPT2_NAME_MAP with "{i}" filled in for blocks 0 .. n_layers - 1: one row per parameter of ours."""
+    check_int("n_layers", n_layers, minimum=1)
     rows = []
     for ours, hf, part, transpose in GPT2_NAME_MAP:
         blocks = range(n_layers) if "{i}" in ours else [0]
@@ -78,6 +80,9 @@ GPT2_CONFIG_DEFAULTS = {  # what Hugging Face's GPT2Config assumes for a key tha
 def config_from_hf(hf_config: dict, source: str = "config") -> GPTConfig:
     """Our GPTConfig (tie_weights from tie_word_embeddings) from the dict in a GPT-2 config.json; refuses,
     naming the key, every setting our GPTModel cannot reproduce. `source` names the file."""
+    if not isinstance(hf_config, dict):
+        raise TypeError(f"{source}: hf_config must be a dict of GPT-2 settings (config.json's object), got "
+                        f"{type(hf_config).__name__}")
     if hf_config.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"{source}: model_type is {hf_config['model_type']!r}, not 'gpt2': load_gpt2 reads "
                          "GPT-2 checkpoints only")
@@ -110,6 +115,7 @@ def config_from_hf(hf_config: dict, source: str = "config") -> GPTConfig:
 # %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9-1
 def plain_hf_state(hf_state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
     """The tensors under GPT-2's plain names: the "transformer." prefix dropped, the mask constants left out."""
+    check_type("hf_state", hf_state, dict, "pass a state dict, name -> tensor, e.g. safetensors' load_file(path)")
     state = {}
     for key, tensor in hf_state.items():
         name = key.removeprefix("transformer.")  # GPT2LMHeadModel writes "transformer.h.0...", GPT2Model "h.0..."
@@ -150,6 +156,7 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
     Every key must be used, every parameter filled and every shape right; otherwise a ValueError names the
     key, before anything is copied. With a tied head (model.cfg.tie_weights), a stored lm_head.weight must equal
     wte.weight."""
+    check_type("model", model, GPTModel, "fill a course_lib GPTModel built from config_from_hf(...)")
     params = dict(model.named_parameters())  # a tied head appears once, as embedding.tok_emb.weight
     tied, rows = model.cfg.tie_weights, expand_name_map(model.cfg.n_layers)
     filled = {ours for ours, *_ in rows} | (set() if tied else {"out_head.weight"})
@@ -169,9 +176,13 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
             raise ValueError(f"{source}: {what} {keys[0]}{more if len(keys) > 1 else ''}: {why}")
     for key, shape in expected.items():
         tensor = state[key]
-        if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and tuple(tensor.shape) == shape):
-            got = f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, Tensor) else type(tensor).__name__
+        if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and tuple(tensor.shape) == shape
+                and not tensor.is_meta):
+            got = (f"{tensor.dtype} {tuple(tensor.shape)}{' on meta, without data' * tensor.is_meta}"
+                   if isinstance(tensor, Tensor) else type(tensor).__name__)
             raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {shape}")
+        if not bool(torch.isfinite(tensor).all()):  # one look per tensor, in the loader, never in forward
+            raise ValueError(f"{source}: {key} holds NaN or infinite values: the file is corrupt or its run diverged")
     if lm_head is not None and not torch.equal(lm_head, state["wte.weight"]):  # False for another shape too
         raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but the config ties them: set "
                          "tie_word_embeddings to false in config.json to load a separate output head")
@@ -189,6 +200,7 @@ GPT2_HUB_REPOS = {  # the four sizes OpenAI released, where the Hugging Face Hub
 def folder_files(path: Path) -> tuple[Path, list[Path]]:
     """config.json and the weights of a checkpoint folder: model.safetensors, or the shards that
     model.safetensors.index.json lists (large models are saved in several files)."""
+    path = Path(path)
     index = path / "model.safetensors.index.json"
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path / "config.json", [path / "model.safetensors"]
@@ -220,7 +232,9 @@ def hub_reachable() -> bool:
 def gpt2_files(path_or_name: str | Path) -> tuple[Path, list[Path]]:
     """config.json and the safetensors weights of a local directory, or of a GPT-2 size from the Hugging Face
     Hub (cached after one download, with a progress bar); the name is checked before any download."""
-    path = Path(path_or_name)  # neither a str nor a path: Python's TypeError
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise TypeError(f"path_or_name must be a directory or a GPT-2 name like 'gpt2', got {path_or_name!r}")
+    path = Path(path_or_name)
     if path.is_dir():
         return folder_files(path)
     if isinstance(path_or_name, str) and path_or_name in GPT2_HUB_REPOS:
@@ -274,6 +288,8 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
 # %% ../notebooks/10_pretrained_gpt2.ipynb #1f46fd0c
 def hf_config_from(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The config.json of a Hugging Face GPT2LMHeadModel with our model's shape and tying."""
+    check_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
+    check_type("dtype", dtype, torch.dtype, "pass the weights' dtype, e.g. torch.float32")
     eos_id = EOS_ID if cfg.vocab_size > EOS_ID else None  # <|endoftext|> exists only in GPT-2's vocabulary
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -293,6 +309,7 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
     """Our model's weights under the names of a Hugging Face GPT2LMHeadModel, on the CPU.
 
     A model built without qkv biases gets zero c_attn biases: Linear(x) + 0 is the same function."""
+    check_type("model", model, GPTModel, "pass a course_lib GPTModel")
     params = dict(model.named_parameters())
     hf_state, qkv = {}, {}  # qkv: fused name -> [query, key, value] pieces in that order
     for ours, hf, part, transpose in expand_name_map(model.cfg.n_layers):
@@ -318,8 +335,13 @@ def save_gpt2(model: GPTModel, directory: str | Path) -> Path:
     load_gpt2 both read: config.json, generation_config.json, model.safetensors, and, for GPT-2's vocabulary,
     GPT-2's tokenizer files (so pipeline("text-generation", directory) works offline). Returns the directory."""
     check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a folder path (str or Path), got {directory!r}")
     directory = Path(directory)
     hf_state = hf_state_from(model)
+    bad = next((name for name, tensor in hf_state.items() if not bool(torch.isfinite(tensor).all())), None)
+    if bad is not None:  # before anything is written
+        raise ValueError(f"model's weight {bad} holds NaN or infinite values: save a model whose weights are finite")
     directory.mkdir(parents=True, exist_ok=True)  # a file of that name: Python's FileExistsError names it
     index = directory / "model.safetensors.index.json"
     if index.is_file():  # an earlier sharded save: its shards would shadow or contradict the new weights
