@@ -222,7 +222,7 @@ def attention_parts(module, d_in, d_out, qkv_bias, drop_rate, bug):
     bias = qkv_bias and bug != "no_qkv_bias"
     module.W_query, module.W_key, module.W_value = (nn.Linear(d_in, d_out, bias=bias) for _ in range(3))
     module.dropout = UnscaledDropout(drop_rate) if bug == "dropout_not_rescaled" else nn.Dropout(
-        0.0 if bug == "no_dropout" else drop_rate)
+        {"no_dropout": 0.0, "dropout_fixed": 0.1}.get(bug, drop_rate))
 
 
 class UnscaledDropout(nn.Dropout):
@@ -245,6 +245,8 @@ def make_causal_attention(bug=None):
 
         def forward(self, x):
             scale_dim = self.d_in if bug == "scale_d_in" else None
+            if bug == "dropout_on_output":
+                return self.dropout(my_attention(*projections(self, x, bug), None, scale_dim))
             return my_attention(*projections(self, x, bug), bug, scale_dim, self.dropout)
 
     return MyCausalAttention
@@ -272,11 +274,14 @@ def make_multihead(bug=None):
 
             q, k, v = (split(t) for t in projections(self, x, bug))
             scale_dim = self.emb_dim if bug == "scale_emb_dim" else None
-            context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim, self.dropout)
+            context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim,
+                                   None if bug == "dropout_after_out_proj" else self.dropout)
             if bug in ("merge_no_transpose", "view_no_transpose"):
                 merged = context.reshape(batch, tokens, self.emb_dim)
             else:
                 merged = context.transpose(1, 2).reshape(batch, tokens, self.emb_dim)
+            if bug == "dropout_after_out_proj":
+                return self.dropout(self.out_proj(merged))
             return merged if bug in ("out_proj_unused", "no_out_proj") else self.out_proj(merged)
 
     return MyMultiHeadAttention
@@ -545,6 +550,8 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_causal_attention, make_causal_attention, "bias_unused", "the biases must be added"),
     (check_causal_attention, make_causal_attention, "no_dropout", "drop_rate is ignored"),
     (check_causal_attention, make_causal_attention, "dropout_not_rescaled", r"divided by \(1 - drop_rate\)"),
+    (check_causal_attention, make_causal_attention, "dropout_fixed", "dropout rate is fixed"),
+    (check_causal_attention, make_causal_attention, "dropout_on_output", "instead of on the attention weights"),
     (check_multihead_attention, make_multihead, "view_no_transpose",
      r"split along the wrong axis: t.view\(batch, n_heads, tokens, head_dim\) without a transpose"),
     (check_multihead_attention, make_multihead, "interleaved",
@@ -558,6 +565,8 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_multihead_attention, make_multihead, "bias_unused", "the biases must be added"),
     (check_multihead_attention, make_multihead, "no_dropout", "drop_rate is ignored"),
     (check_multihead_attention, make_multihead, "dropout_not_rescaled", r"divided by \(1 - drop_rate\)"),
+    (check_multihead_attention, make_multihead, "dropout_fixed", "dropout rate is fixed"),
+    (check_multihead_attention, make_multihead, "dropout_after_out_proj", "instead of on the attention weights"),
     (check_transformer_block, make_block, "dropout_after_shortcut", "shortcut added before dropout"),
     (check_transformer_block, make_block, "post_ln", "post-LN instead of pre-LN"),
     (check_transformer_block, make_block, "no_norm2", "one shared LayerNorm"),
