@@ -312,6 +312,8 @@ def make_block(bug=None):
             x = x + drop(self.att(self.norm1(x)))
             if bug == "no_second_shortcut":
                 return drop(self.ff(norm2(x)))
+            if bug == "no_ff_dropout":
+                return x + self.ff(norm2(x))
             return x + drop(self.ff(norm2(x)))
 
     return MyBlock
@@ -573,6 +575,7 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_transformer_block, make_block, "norm1_twice", "one shared LayerNorm"),
     (check_transformer_block, make_block, "no_second_shortcut", "second shortcut is missing"),
     (check_transformer_block, make_block, "no_dropout", "no dropout on the sub-layer outputs"),
+    (check_transformer_block, make_block, "no_ff_dropout", "no dropout on the feed-forward shortcut"),
     (check_transformer_block, make_block, "torch_layernorm", "nn.LayerNorm names its parameters weight and bias"),
     (check_gpt_model, make_model, "no_pos", "no positional embedding"),
     (check_gpt_model, make_model, "no_final_norm", "final LayerNorm is missing"),
