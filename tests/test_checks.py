@@ -116,7 +116,7 @@ def make_embedding(bug=None):
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.emb_dim)
             rows = cfg.vocab_size if bug == "pos_rows" else cfg.context_length
             self.pos_emb = nn.Embedding(rows, cfg.emb_dim)
-            self.drop = nn.Dropout(0.0 if bug == "no_dropout" else cfg.drop_rate)
+            self.drop = nn.Dropout({"no_dropout": 0.0, "dropout_fixed": 0.1}.get(bug, cfg.drop_rate))
 
         def forward(self, token_ids, start_pos=0):
             first = 1 if bug == "from_one" else 0 if bug == "ignores_start" else start_pos + 0
@@ -328,14 +328,16 @@ def make_model(bug=None):
             self.trf_blocks = nn.Sequential(*[TransformerBlock(cfg) for _ in range(cfg.n_layers)])
             if bug != "no_final_norm_attribute":
                 self.final_norm = LayerNorm(cfg.emb_dim)
+            self.drop_emb = nn.Dropout(0.0 if bug == "no_emb_dropout" else cfg.drop_rate)
             self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=bug == "head_bias")
-            if bug == "tied":
+            if (cfg.tie_weights and bug != "untied") or bug == "always_tied":
                 self.out_head.weight = self.tok_emb.weight
 
         def forward(self, token_ids):
             x = self.tok_emb(token_ids)
             if bug != "no_pos":
                 x = x + self.pos_emb(torch.arange(token_ids.shape[1]))
+            x = self.drop_emb(x)
             if bug == "not_chained":
                 x = [block(x) for block in self.trf_blocks][-1]
             else:
@@ -515,6 +517,7 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_gpt_embedding, make_embedding, "by_token_id", "looked up with the token ids"),
     (check_gpt_embedding, make_embedding, "from_one", "positions start at 1"),
     (check_gpt_embedding, make_embedding, "no_dropout", "no dropout after the sum"),
+    (check_gpt_embedding, make_embedding, "dropout_fixed", "dropout rate is fixed"),
     (check_gpt_embedding, make_embedding, "ignores_start", "start_pos is ignored"),
     (check_gpt_embedding, make_embedding, "pos_rows", "one row per position"),
     (check_layernorm, make_layernorm, "eps_outside", "eps is added outside the square root"),
@@ -583,6 +586,9 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_gpt_model, make_model, "not_chained", "every block reads the embeddings"),
     (check_gpt_model, make_model, "softmax", "returns probabilities"),
     (check_gpt_model, make_model, "head_bias", "GPT-2's output layer has none"),
+    (check_gpt_model, make_model, "untied", "untied head when the config says tied"),
+    (check_gpt_model, make_model, "always_tied", "tied head when the config says untied"),
+    (check_gpt_model, make_model, "no_emb_dropout", "no dropout on the embeddings"),
     (check_temperature, my_scale_logits, "multiplied", "multiplied by the temperature"),
     (check_temperature, my_scale_logits, "after_softmax", "temperature applied after softmax"),
     (check_temperature, my_scale_logits, "probabilities", "you return probabilities"),
@@ -649,7 +655,6 @@ CORRECT = [  # (check, correct code: course_lib's own or a learner's with no bug
     (check_transformer_block, make_block, "pre-LN"),
     (check_gpt_model, GPTModel, "final norm"),
     (check_gpt_model, make_model, "final norm"),
-    pytest.param(check_gpt_model, make_model("tied"), "final norm", id="check_gpt_model-make_model_tied"),
     (check_temperature, scale_logits, "scale_logits"),
     (check_temperature, my_scale_logits, "scale_logits"),
     (check_temperature, shifted_scale_logits, "scale_logits"),
