@@ -19,7 +19,9 @@ from torch import nn
 from course_lib import checks
 from course_lib.attention import CausalAttention, MultiHeadAttention
 from course_lib.block import TransformerBlock
-from course_lib.checks import (CheckFailed, check_beam_step, check_causal_attention, check_count_pairs,
+from course_lib.checks import (CheckFailed, check_beam_search, check_beam_step, check_bpe_encode,
+                               check_causal_attention, check_count_pairs, check_greedy_decoding, check_min_p,
+                               check_no_repeat_ngram, check_perplexity,
                                check_feedforward, check_gelu, check_gpt_embedding, check_gpt_model,
                                check_induction_score, check_layernorm, check_logit_lens, check_merge_pair,
                                check_multihead_attention, check_next_token_loss, check_repetition_penalty,
@@ -29,13 +31,13 @@ from course_lib.checks import block as block_checks
 from course_lib.checks import generation as generation_checks
 from course_lib.checks import model as model_checks
 from course_lib.checks.training import reference_next_token_loss
-from course_lib.decoding import penalize_repetition
+from course_lib.decoding import ban_repeated_ngrams, beam_search, min_p_filter, penalize_repetition
 from course_lib.embeddings import GPTEmbedding
 from course_lib.feedforward import GELU, FeedForward
-from course_lib.generation import scale_logits, top_k_filter, top_p_filter
+from course_lib.generation import generate_text_simple, scale_logits, top_k_filter, top_p_filter
 from course_lib.model import GPTModel
 from course_lib.normalization import LayerNorm
-from course_lib.tokenization import count_pairs, merge_pair
+from course_lib.tokenization import BPETokenizer, count_pairs, merge_pair, split_words
 
 
 # ----------------------------------------------------------------------------------------- merge_pair, count_pairs
@@ -116,7 +118,7 @@ def make_embedding(bug=None):
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.emb_dim)
             rows = cfg.vocab_size if bug == "pos_rows" else cfg.context_length
             self.pos_emb = nn.Embedding(rows, cfg.emb_dim)
-            self.drop = nn.Dropout(0.0 if bug == "no_dropout" else cfg.drop_rate)
+            self.drop = nn.Dropout({"no_dropout": 0.0, "dropout_fixed": 0.1}.get(bug, cfg.drop_rate))
 
         def forward(self, token_ids, start_pos=0):
             first = 1 if bug == "from_one" else 0 if bug == "ignores_start" else start_pos + 0
@@ -222,7 +224,7 @@ def attention_parts(module, d_in, d_out, qkv_bias, drop_rate, bug):
     bias = qkv_bias and bug != "no_qkv_bias"
     module.W_query, module.W_key, module.W_value = (nn.Linear(d_in, d_out, bias=bias) for _ in range(3))
     module.dropout = UnscaledDropout(drop_rate) if bug == "dropout_not_rescaled" else nn.Dropout(
-        0.0 if bug == "no_dropout" else drop_rate)
+        {"no_dropout": 0.0, "dropout_fixed": 0.1}.get(bug, drop_rate))
 
 
 class UnscaledDropout(nn.Dropout):
@@ -245,6 +247,8 @@ def make_causal_attention(bug=None):
 
         def forward(self, x):
             scale_dim = self.d_in if bug == "scale_d_in" else None
+            if bug == "dropout_on_output":
+                return self.dropout(my_attention(*projections(self, x, bug), None, scale_dim))
             return my_attention(*projections(self, x, bug), bug, scale_dim, self.dropout)
 
     return MyCausalAttention
@@ -272,11 +276,14 @@ def make_multihead(bug=None):
 
             q, k, v = (split(t) for t in projections(self, x, bug))
             scale_dim = self.emb_dim if bug == "scale_emb_dim" else None
-            context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim, self.dropout)
+            context = my_attention(q, k, v, bug if bug == "after_softmax" else None, scale_dim,
+                                   None if bug == "dropout_after_out_proj" else self.dropout)
             if bug in ("merge_no_transpose", "view_no_transpose"):
                 merged = context.reshape(batch, tokens, self.emb_dim)
             else:
                 merged = context.transpose(1, 2).reshape(batch, tokens, self.emb_dim)
+            if bug == "dropout_after_out_proj":
+                return self.dropout(self.out_proj(merged))
             return merged if bug in ("out_proj_unused", "no_out_proj") else self.out_proj(merged)
 
     return MyMultiHeadAttention
@@ -307,6 +314,8 @@ def make_block(bug=None):
             x = x + drop(self.att(self.norm1(x)))
             if bug == "no_second_shortcut":
                 return drop(self.ff(norm2(x)))
+            if bug == "no_ff_dropout":
+                return x + self.ff(norm2(x))
             return x + drop(self.ff(norm2(x)))
 
     return MyBlock
@@ -321,14 +330,16 @@ def make_model(bug=None):
             self.trf_blocks = nn.Sequential(*[TransformerBlock(cfg) for _ in range(cfg.n_layers)])
             if bug != "no_final_norm_attribute":
                 self.final_norm = LayerNorm(cfg.emb_dim)
+            self.drop_emb = nn.Dropout(0.0 if bug == "no_emb_dropout" else cfg.drop_rate)
             self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=bug == "head_bias")
-            if bug == "tied":
+            if (cfg.tie_weights and bug != "untied") or bug == "always_tied":
                 self.out_head.weight = self.tok_emb.weight
 
         def forward(self, token_ids):
             x = self.tok_emb(token_ids)
             if bug != "no_pos":
                 x = x + self.pos_emb(torch.arange(token_ids.shape[1]))
+            x = self.drop_emb(x)
             if bug == "not_chained":
                 x = [block(x) for block in self.trf_blocks][-1]
             else:
@@ -486,6 +497,111 @@ def my_logit_lens(model, cache, target_ids, bug=None):
     return torch.stack(rows)
 
 
+# ----------------------------------------------------------------------------------------- greedy, n-gram ban, min-p, beam search, perplexity, BPE encoding
+
+def my_generate_greedy(model, token_ids, max_new_tokens, context_length, bug=None):
+    if bug != "train_mode":
+        model.eval()
+    with torch.no_grad():
+        for _ in range(max_new_tokens - (bug == "one_short")):
+            window = token_ids if bug == "no_crop" else token_ids[:, -context_length:]
+            logits = model(window)[:, 0 if bug == "first_position" else -1, :]
+            if bug == "sample":
+                next_id = torch.multinomial(torch.softmax(logits, dim=-1), 1)
+            else:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            token_ids = torch.cat([token_ids, next_id], dim=1)
+    return token_ids[:, -max_new_tokens:] if bug == "new_only" else token_ids
+
+
+def my_ban_repeated_ngrams(logits, token_ids, n, bug=None):
+    out = logits.clone()
+    for row, ids in enumerate(token_ids.tolist()):
+        prefix = ids[-(n - 1):] if bug == "python_slice" else ids[len(ids) - n + 1:]
+        stop = len(ids) - n if bug == "skip_last" else len(ids) - n + 1
+        for i in range(max(stop, 0)):
+            if bug == "any_prefix" or ids[i:i + n - 1] == prefix:
+                out[row, ids[i + n - 1]] = 0.0 if bug == "zero_fill" else -torch.inf
+    return out
+
+
+def my_min_p(logits, min_p, bug=None):
+    probs = torch.softmax(logits, dim=-1)
+    if bug == "absolute":
+        threshold = min_p
+    elif bug == "batch_max":
+        threshold = min_p * probs.max()
+    elif bug == "logits":
+        return logits.masked_fill(logits < min_p * logits.amax(dim=-1, keepdim=True), -torch.inf)
+    else:
+        threshold = min_p * probs.amax(dim=-1, keepdim=True)
+    drop = probs <= threshold if bug == "less_equal" else probs < threshold
+    return logits.masked_fill(drop, -torch.inf)
+
+
+def my_beam_search(model, token_ids, num_beams, max_new_tokens, bug=None):
+    model.eval()
+    beams = [(0.0, token_ids[0].tolist())]
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            candidates = []
+            for score, ids in beams:
+                logits = model(torch.tensor([ids]))[0, -1]
+                steps = logits if bug == "logits" else torch.log_softmax(logits, dim=-1)
+                for token, step in enumerate(steps.tolist()):
+                    candidates.append(((0.0 if bug == "no_sum" else score) + step, ids + [token]))
+            beams = sorted(candidates, key=lambda c: -c[0])[:1 if bug == "greedy" else num_beams]
+    return torch.tensor([beams[-1 if bug == "worst" else 0][1]])
+
+
+def my_perplexity(logits, token_ids, bug=None):
+    log_probs = logits[:, :-1].log_softmax(dim=-1)
+    losses = -log_probs.gather(-1, token_ids[:, 1:, None]).squeeze(-1)  # (batch, tokens - 1)
+    if bug == "no_exp":
+        return losses.mean()
+    if bug == "base_2":
+        return 2 ** losses.mean()
+    if bug == "mean_of_exp":
+        return losses.exp().mean()
+    if bug == "per_sequence":
+        return losses.mean(dim=1).exp()
+    if bug == "sum":
+        return losses.sum().exp()
+    return math.exp(losses.mean().item())  # a Python float is fine for a perplexity
+
+
+def my_bpe_encode(text, merges, bug=None):
+    rank = {pair: k for k, pair in enumerate(merges)}
+    token_id = {bytes([i]): i for i in range(256)}
+    token_id.update({a + b: (255 if bug == "off_by_one" else 256) + k for k, (a, b) in enumerate(merges)})
+    ids = []
+    for chunk in ([text] if bug == "no_split" else split_words(text)):
+        symbols = [bytes([ord(ch)]) if bug == "characters" and ord(ch) < 256 else ch.encode() for ch in chunk] \
+            if bug == "characters" else [bytes([b]) for b in chunk.encode("utf-8")]
+        if bug in (None, "no_split", "characters", "off_by_one"):  # every merge in order, over the whole chunk
+            for pair in merges:
+                symbols = list(merge_pair(tuple(symbols), pair))
+        else:
+            while True:
+                pairs = [p for p in zip(symbols, symbols[1:]) if p in rank]
+                if not pairs:
+                    break
+                pair = pairs[0] if bug == "leftmost" else max(pairs, key=rank.get)
+                symbols = list(merge_pair(tuple(symbols), pair))
+        ids += [token_id[s] for s in symbols]
+    return ids
+
+
+def bpe_encode(text, merges):
+    """course_lib's own encoder, called the way the check calls a learner's."""
+    return BPETokenizer(merges).encode(text)
+
+
+def perplexity(logits, token_ids):
+    """course_lib's loss, exponentiated."""
+    return torch.exp(reference_next_token_loss(logits, token_ids))
+
+
 # ----------------------------------------------------------------------------------------- the tables
 
 PLANTED = [  # (check, learner code, planted bug, what the check's message must match)
@@ -508,6 +624,7 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_gpt_embedding, make_embedding, "by_token_id", "looked up with the token ids"),
     (check_gpt_embedding, make_embedding, "from_one", "positions start at 1"),
     (check_gpt_embedding, make_embedding, "no_dropout", "no dropout after the sum"),
+    (check_gpt_embedding, make_embedding, "dropout_fixed", "dropout rate is fixed"),
     (check_gpt_embedding, make_embedding, "ignores_start", "start_pos is ignored"),
     (check_gpt_embedding, make_embedding, "pos_rows", "one row per position"),
     (check_layernorm, make_layernorm, "eps_outside", "eps is added outside the square root"),
@@ -545,6 +662,8 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_causal_attention, make_causal_attention, "bias_unused", "the biases must be added"),
     (check_causal_attention, make_causal_attention, "no_dropout", "drop_rate is ignored"),
     (check_causal_attention, make_causal_attention, "dropout_not_rescaled", r"divided by \(1 - drop_rate\)"),
+    (check_causal_attention, make_causal_attention, "dropout_fixed", "dropout rate is fixed"),
+    (check_causal_attention, make_causal_attention, "dropout_on_output", "instead of on the attention weights"),
     (check_multihead_attention, make_multihead, "view_no_transpose",
      r"split along the wrong axis: t.view\(batch, n_heads, tokens, head_dim\) without a transpose"),
     (check_multihead_attention, make_multihead, "interleaved",
@@ -558,12 +677,15 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_multihead_attention, make_multihead, "bias_unused", "the biases must be added"),
     (check_multihead_attention, make_multihead, "no_dropout", "drop_rate is ignored"),
     (check_multihead_attention, make_multihead, "dropout_not_rescaled", r"divided by \(1 - drop_rate\)"),
+    (check_multihead_attention, make_multihead, "dropout_fixed", "dropout rate is fixed"),
+    (check_multihead_attention, make_multihead, "dropout_after_out_proj", "instead of on the attention weights"),
     (check_transformer_block, make_block, "dropout_after_shortcut", "shortcut added before dropout"),
     (check_transformer_block, make_block, "post_ln", "post-LN instead of pre-LN"),
     (check_transformer_block, make_block, "no_norm2", "one shared LayerNorm"),
     (check_transformer_block, make_block, "norm1_twice", "one shared LayerNorm"),
     (check_transformer_block, make_block, "no_second_shortcut", "second shortcut is missing"),
     (check_transformer_block, make_block, "no_dropout", "no dropout on the sub-layer outputs"),
+    (check_transformer_block, make_block, "no_ff_dropout", "no dropout on the feed-forward shortcut"),
     (check_transformer_block, make_block, "torch_layernorm", "nn.LayerNorm names its parameters weight and bias"),
     (check_gpt_model, make_model, "no_pos", "no positional embedding"),
     (check_gpt_model, make_model, "no_final_norm", "final LayerNorm is missing"),
@@ -571,6 +693,9 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_gpt_model, make_model, "not_chained", "every block reads the embeddings"),
     (check_gpt_model, make_model, "softmax", "returns probabilities"),
     (check_gpt_model, make_model, "head_bias", "GPT-2's output layer has none"),
+    (check_gpt_model, make_model, "untied", "untied head when the config says tied"),
+    (check_gpt_model, make_model, "always_tied", "tied head when the config says untied"),
+    (check_gpt_model, make_model, "no_emb_dropout", "no dropout on the embeddings"),
     (check_temperature, my_scale_logits, "multiplied", "multiplied by the temperature"),
     (check_temperature, my_scale_logits, "after_softmax", "temperature applied after softmax"),
     (check_temperature, my_scale_logits, "probabilities", "you return probabilities"),
@@ -612,6 +737,34 @@ PLANTED = [  # (check, learner code, planted bug, what the check's message must 
     (check_logit_lens, my_logit_lens, "resid_pre", "inputs of the blocks"),
     (check_logit_lens, my_logit_lens, "no_embed", "embeddings are left out"),
     (check_logit_lens, my_logit_lens, "top_prob", "most likely token"),
+    (check_greedy_decoding, my_generate_greedy, "train_mode", "left in training mode"),
+    (check_greedy_decoding, my_generate_greedy, "sample", "sampled"),
+    (check_greedy_decoding, my_generate_greedy, "first_position", "first position's logits"),
+    (check_greedy_decoding, my_generate_greedy, "no_crop", "crop it to its last context_length tokens"),
+    (check_greedy_decoding, my_generate_greedy, "new_only", "new ones only"),
+    (check_greedy_decoding, my_generate_greedy, "one_short", "off by one in the number of steps"),
+    (check_no_repeat_ngram, my_ban_repeated_ngrams, "any_prefix", "whatever precedes it"),
+    (check_no_repeat_ngram, my_ban_repeated_ngrams, "python_slice", "with n = 1 nothing is banned"),
+    (check_no_repeat_ngram, my_ban_repeated_ngrams, "skip_last", "last n-gram is never looked at"),
+    (check_no_repeat_ngram, my_ban_repeated_ngrams, "zero_fill", "set to 0 instead of -inf"),
+    (check_min_p, my_min_p, "absolute", "threshold is min_p itself"),
+    (check_min_p, my_min_p, "batch_max", "top probability of the whole batch"),
+    (check_min_p, my_min_p, "logits", "compared with min_p times the top logit"),
+    (check_min_p, my_min_p, "less_equal", "<= drops the tokens exactly at the threshold"),
+    (check_beam_search, my_beam_search, "greedy", "only one beam runs"),
+    (check_beam_search, my_beam_search, "no_sum", "last token's log-probability alone"),
+    (check_beam_search, my_beam_search, "logits", "raw logits are summed"),
+    (check_beam_search, my_beam_search, "worst", "worst of the final beams"),
+    (check_perplexity, my_perplexity, "no_exp", "exp is missing"),
+    (check_perplexity, my_perplexity, "base_2", r"2 \*\* loss"),
+    (check_perplexity, my_perplexity, "mean_of_exp", r"mean of exp"),
+    (check_perplexity, my_perplexity, "per_sequence", "one perplexity per sequence"),
+    (check_perplexity, my_perplexity, "sum", "exp of the summed loss"),
+    (check_bpe_encode, my_bpe_encode, "leftmost", "first mergeable pair of the text is merged first"),
+    (check_bpe_encode, my_bpe_encode, "latest_first", "latest-learned first"),
+    (check_bpe_encode, my_bpe_encode, "no_split", "merges cross chunk boundaries"),
+    (check_bpe_encode, my_bpe_encode, "characters", "characters are encoded instead of UTF-8 bytes"),
+    (check_bpe_encode, my_bpe_encode, "off_by_one", "ids are off by one"),
 ]
 
 CORRECT = [  # (check, correct code: course_lib's own or a learner's with no bug, what the one line must praise)
@@ -637,7 +790,6 @@ CORRECT = [  # (check, correct code: course_lib's own or a learner's with no bug
     (check_transformer_block, make_block, "pre-LN"),
     (check_gpt_model, GPTModel, "final norm"),
     (check_gpt_model, make_model, "final norm"),
-    pytest.param(check_gpt_model, make_model("tied"), "final norm", id="check_gpt_model-make_model_tied"),
     (check_temperature, scale_logits, "scale_logits"),
     (check_temperature, my_scale_logits, "scale_logits"),
     (check_temperature, shifted_scale_logits, "scale_logits"),
@@ -652,14 +804,28 @@ CORRECT = [  # (check, correct code: course_lib's own or a learner's with no bug
     (check_beam_step, my_beam_step, "beam_search"),
     (check_induction_score, my_induction_score, "induction_score"),
     (check_logit_lens, my_logit_lens, "logit_lens"),
+    (check_greedy_decoding, generate_text_simple, "generate_text_simple"),
+    (check_greedy_decoding, my_generate_greedy, "generate_text_simple"),
+    (check_no_repeat_ngram, ban_repeated_ngrams, "ban_repeated_ngrams"),
+    (check_no_repeat_ngram, my_ban_repeated_ngrams, "ban_repeated_ngrams"),
+    (check_min_p, min_p_filter, "min_p_filter"),
+    (check_min_p, my_min_p, "min_p_filter"),
+    (check_beam_search, beam_search, "beam_search"),
+    (check_beam_search, my_beam_search, "beam_search"),
+    (check_perplexity, perplexity, "exp(F.cross_entropy)"),
+    (check_perplexity, my_perplexity, "exp(F.cross_entropy)"),
+    (check_bpe_encode, bpe_encode, "merges in the order they were learned"),
+    (check_bpe_encode, my_bpe_encode, "merges in the order they were learned"),
 ]
 
 # The fewest planted bugs each check keeps today: a check that loses rows of PLANTED fails test_planted_bug_count.
-FLOORS = {"check_merge_pair": 8, "check_count_pairs": 2, "check_sinusoidal_table": 5, "check_gpt_embedding": 6,
-          "check_layernorm": 10, "check_gelu": 6, "check_feedforward": 5, "check_causal_attention": 14,
-          "check_multihead_attention": 11, "check_transformer_block": 7, "check_gpt_model": 6, "check_temperature": 5,
+FLOORS = {"check_merge_pair": 8, "check_count_pairs": 2, "check_sinusoidal_table": 5, "check_gpt_embedding": 7,
+          "check_layernorm": 10, "check_gelu": 6, "check_feedforward": 5, "check_causal_attention": 16,
+          "check_multihead_attention": 13, "check_transformer_block": 8, "check_gpt_model": 9, "check_temperature": 5,
           "check_top_k": 7, "check_top_p": 4, "check_next_token_loss": 7, "check_repetition_penalty": 6,
-          "check_beam_step": 4, "check_induction_score": 4, "check_logit_lens": 4}
+          "check_beam_step": 4, "check_induction_score": 4, "check_logit_lens": 4, "check_greedy_decoding": 6,
+          "check_no_repeat_ngram": 4, "check_min_p": 4, "check_beam_search": 4, "check_perplexity": 5,
+          "check_bpe_encode": 5}
 
 
 def learner_code(code, bug=None):
@@ -740,7 +906,7 @@ def exported_checks():
 
 def test_the_package_exports_the_check_of_every_lesson_file():
     found = exported_checks()
-    assert len(found) == 19, sorted(found)
+    assert len(found) == 25, sorted(found)
     assert sorted(checks.__all__) == sorted([*found, "CheckFailed"])
     assert all(getattr(checks, name) is check for name, check in found.items())
     assert checks.CheckFailed is importlib.import_module("course_lib.checks.core").CheckFailed
@@ -754,7 +920,7 @@ def test_planted_bug_count():
     assert correct == set(FLOORS), "a check with no correct code"
     shrunk = {name: f"{planted[name]} < {floor}" for name, floor in FLOORS.items() if planted[name] < floor}
     assert not shrunk, f"checks lost planted bugs: {shrunk}"
-    assert len({(check, code, bug) for check, code, bug, _ in PLANTED}) == len(PLANTED) >= 121
+    assert len({(check, code, bug) for check, code, bug, _ in PLANTED}) == len(PLANTED) >= 158
     # bugs that look alike from outside may share a message, but the course names at least 20 different ones
     assert len({match for *_, match in PLANTED}) >= 20
     # the checks' own tables of known mistakes, one per lesson file that keeps one

@@ -8,27 +8,28 @@ after it (tokenization.py checks the exercises of notebook 01, ...); core.py hol
 from .attention import check_causal_attention, check_multihead_attention
 from .block import check_transformer_block
 from .core import CheckFailed
-from .decoding import check_beam_step, check_repetition_penalty
+from .decoding import check_beam_search, check_beam_step, check_min_p, check_no_repeat_ngram, check_repetition_penalty
 from .embeddings import check_gpt_embedding, check_sinusoidal_table
 from .feedforward import check_feedforward, check_gelu
-from .generation import check_temperature, check_top_k, check_top_p
+from .generation import check_greedy_decoding, check_temperature, check_top_k, check_top_p
 from .interpretability import check_induction_score, check_logit_lens
 from .model import check_gpt_model
 from .normalization import check_layernorm
-from .tokenization import check_count_pairs, check_merge_pair
-from .training import check_next_token_loss
+from .tokenization import check_bpe_encode, check_count_pairs, check_merge_pair
+from .training import check_next_token_loss, check_perplexity
 
 __all__ = [
     "CheckFailed",
-    "check_merge_pair", "check_count_pairs",  # 01 tokenization
+    "check_merge_pair", "check_count_pairs", "check_bpe_encode",  # 01 tokenization
     "check_sinusoidal_table", "check_gpt_embedding",  # 02 embeddings
     "check_layernorm",  # 03 layernorm
     "check_gelu", "check_feedforward",  # 04 gelu, feedforward
     "check_causal_attention", "check_multihead_attention",  # 05 attention
     "check_transformer_block",  # 06 transformer block
     "check_gpt_model",  # 07 gpt model
-    "check_temperature", "check_top_k", "check_top_p",  # 08 generation
-    "check_next_token_loss",  # 09 training
-    "check_repetition_penalty", "check_beam_step",  # 11 decoding
+    "check_temperature", "check_top_k", "check_top_p", "check_greedy_decoding",  # 08 generation
+    "check_next_token_loss", "check_perplexity",  # 09 training
+    "check_repetition_penalty", "check_beam_step", "check_no_repeat_ngram", "check_min_p",  # 11
+    "check_beam_search",  # 11 decoding
     "check_induction_score", "check_logit_lens",  # 12 interpretability
 ]

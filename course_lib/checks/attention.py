@@ -64,10 +64,12 @@ def attention_variants(core, d_k: int, others: dict[str, int]):
     return found
 
 
-def check_bias_and_dropout(ck: Checker, make_mine, make_ref, layers: tuple[str, ...], x: Tensor) -> None:
+def check_bias_and_dropout(ck: Checker, make_mine, make_ref, layers: tuple[str, ...], x: Tensor,
+                           n_heads: int = 1) -> None:
     """The two constructor arguments the default cases leave at False and 0: qkv_bias=True must give W_query,
-    W_key and W_value biases that the forward adds; drop_rate must drop attention in training mode (rescaled, so
-    the mean output is the same) and nothing in eval mode. make_*(qkv_bias, drop_rate) build a module."""
+    W_key and W_value biases that the forward adds; drop_rate must drop attention weights in training mode
+    (rescaled, so the mean output is the same) and nothing in eval mode. make_*(qkv_bias, drop_rate) build a
+    module; x is (batch, tokens, emb_dim)."""
     mine, ref = make_mine(True, 0.0), make_ref(True, 0.0).double().eval()
     for name in ("W_query", "W_key", "W_value"):
         if getattr(getattr(mine, name, None), "bias", None) is None:
@@ -81,24 +83,67 @@ def check_bias_and_dropout(ck: Checker, make_mine, make_ref, layers: tuple[str, 
             getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
         compare(ck, ck.call("forward with qkv_bias=True", mine, x), ref(x), [], "with qkv_bias=True",
                 "the biases must be added: call the layers themselves, self.W_query(x)")
-        mine, ref = make_mine(False, 0.5).double(), make_ref(False, 0.5).double()
+        rate = DROP_RATE
+        mine, ref = make_mine(False, rate).double(), make_ref(False, rate).double()
         for name in layers:
             getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
         expected = ref.eval()(x)
-        compare(ck, ck.call("forward in eval mode with drop_rate=0.5", mine.eval(), x), expected, [],
-                "with drop_rate=0.5 in eval mode", "dropout must be off in eval mode: use nn.Dropout, which "
+        compare(ck, ck.call(f"forward in eval mode with drop_rate={rate}", mine.eval(), x), expected, [],
+                f"with drop_rate={rate} in eval mode", "dropout must be off in eval mode: use nn.Dropout, which "
                 "follows the module's mode (or F.dropout(..., training=self.training))")
+        check_dropout_on_weights(ck, mine, ref, layers, x.shape[-1], n_heads, rate)
+
+
+DROP_RATE = 0.4  # not 0.1, 0.2 or 0.5: a rate written into the code instead of drop_rate shows
+
+
+def check_dropout_on_weights(ck: Checker, mine: nn.Module, ref: nn.Module, layers: tuple[str, ...], emb_dim: int,
+                             n_heads: int, rate: float) -> None:
+    """In training mode, on single tokens, dropout on the attention weights keeps or drops each head's whole
+    output: a token's only weight (on itself) is 1, so a head returns its value / (1 - rate) or 0. out_proj, if
+    any, becomes the identity, so each head's block of the output shows it. Dropout after out_proj (or on the
+    values, or on the output) drops single numbers instead; a rate fixed in the code drops another share."""
+    with torch.no_grad():
+        if "out_proj" in layers:
+            ref.out_proj.weight.copy_(torch.eye(emb_dim, dtype=ref.out_proj.weight.dtype))
+            ref.out_proj.bias.zero_()
+        for name in layers:
+            getattr(mine, name).load_state_dict(getattr(ref, name).state_dict())
+        tokens = torch.randn(64, 1, emb_dim, dtype=torch.float64)
+        expected = ref.eval()(tokens)  # (64, 1, out_dim): every head keeps its value
         mine.train()
-        draws = torch.stack([ck.call("forward in training mode with drop_rate=0.5", mine, x) for _ in range(400)])
-    if torch.allclose(draws[0], draws[1]):
-        ck.fail("with drop_rate=0.5 in training mode, two forward passes give the same output",
+        draws = torch.stack([ck.call(f"forward in training mode with drop_rate={rate}", mine, tokens)
+                             for _ in range(40)])  # (40, 64, 1, out_dim)
+    if tuple(draws.shape[1:]) != tuple(expected.shape):
+        ck.fail(f"in training mode your output has shape {tuple(draws.shape[1:])}, expected {tuple(expected.shape)}",
+                "training mode must compute the same shapes as eval mode")
+    ratio = (draws / expected).reshape(*draws.shape[:-1], n_heads, -1)  # (draws, 64, 1, heads, head_dim)
+    dropped = (draws.reshape(ratio.shape) == 0).all(dim=-1)
+    if torch.allclose(draws, expected.expand_as(draws), atol=1e-10, rtol=1e-8):
+        ck.fail(f"with drop_rate={rate} in training mode, nothing is dropped",
                 "drop_rate is ignored: drop attention weights after the softmax in training mode, "
                 "self.dropout = nn.Dropout(drop_rate) and weights = self.dropout(weights)")
-    error = ((draws.mean(dim=0) - expected).norm() / expected.norm()).item()
-    if error > 0.2:  # about 0.05 for a correct layer over 400 passes; 0.5 when the kept weights are not rescaled
-        ck.fail(f"with drop_rate=0.5 in training mode, the mean of 400 outputs is {error:.0%} away from the "
-                "output without dropout", "the kept attention weights must be divided by (1 - drop_rate), as "
-                "nn.Dropout does, so that dropout leaves the mean unchanged")
+    kept_scale = ratio[~dropped]  # (kept heads, head_dim): all equal to 1 / (1 - rate) if correct
+    mixed = ((draws.reshape(ratio.shape) == 0).any(dim=-1) & ~dropped).any() or \
+        not torch.allclose(kept_scale, kept_scale[..., :1].expand_as(kept_scale), atol=1e-6, rtol=1e-6)
+    if mixed:
+        ck.fail(f"with drop_rate={rate} in training mode, single numbers of a head's output are dropped, where "
+                "dropout on the attention weights keeps or drops a token's whole head on a one-token input",
+                "dropout is applied after the attention (to the output, after out_proj, or to the values) instead "
+                "of on the attention weights: weights = self.dropout(torch.softmax(scores, dim=-1)), then "
+                "weights @ values")
+    share = dropped.double().mean().item()
+    scale = kept_scale.mean().item() if kept_scale.numel() else float("nan")
+    if abs(share - rate) > 0.06:
+        fixed = round(share, 1)
+        ck.fail(f"with drop_rate={rate} in training mode, {share:.0%} of the heads' weights are dropped",
+                f"the dropout rate is fixed (about {fixed}) instead of the drop_rate argument: "
+                "nn.Dropout(drop_rate) (or cfg.drop_rate), not a number written into the code")
+    if abs(scale - 1 / (1 - rate)) > 1e-6:
+        ck.fail(f"with drop_rate={rate} in training mode, the kept weights are multiplied by {scale:.4g}, "
+                f"expected 1 / (1 - {rate}) = {1 / (1 - rate):.4g}",
+                "the kept attention weights must be divided by (1 - drop_rate), as nn.Dropout does, so that "
+                "dropout leaves the mean unchanged")
     ck.ok()
 
 
@@ -301,5 +346,6 @@ def check_multihead_attention(learner_impl) -> None:
     check_bias_and_dropout(ck, lambda bias, rate: build(ck, learner_impl, replace(cfg, qkv_bias=bias, drop_rate=rate),
                                                         signature="MyMultiHeadAttention(cfg) with a GPTConfig"),
                            lambda bias, rate: MultiHeadAttention(replace(cfg, qkv_bias=bias, drop_rate=rate)),
-                           ("W_query", "W_key", "W_value", "out_proj"), torch.randn(2, 5, emb_dim, dtype=torch.float64))
+                           ("W_query", "W_key", "W_value", "out_proj"), torch.randn(2, 5, emb_dim, dtype=torch.float64),
+                           n_heads=cfg.n_heads)
     ck.done("Your multi-head attention matches course_lib's MultiHeadAttention: split, attend, merge, project.")

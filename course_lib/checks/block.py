@@ -3,7 +3,7 @@
 import functools
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from course_lib.block import TransformerBlock
 from course_lib.config import GPTConfig
@@ -60,6 +60,16 @@ BLOCK_BUGS = {
 }
 
 
+def silence_attention_dropout(att: nn.Module) -> None:
+    """Turn off the attention layer's own dropout, whichever way it reads its rate: course_lib's MultiHeadAttention
+    reads self.drop_rate (F.scaled_dot_product_attention's dropout_p), a learner's may hold nn.Dropout layers."""
+    if isinstance(getattr(att, "drop_rate", None), float):
+        att.drop_rate = 0.0
+    for module in att.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
 @isolated_rng
 def check_transformer_block(learner_impl) -> None:
     """Check `learner_impl`, the pre-LN transformer block of notebook 06.
@@ -92,28 +102,33 @@ def check_transformer_block(learner_impl) -> None:
             variants = table_variants(BLOCK_BUGS, functools.partial(block_variant, ref, x))
             compare(ck, got, ref(x), variants, situation, fallback)
 
-        # Dropout, in training mode: silence attention's own dropout and the feed-forward's output, so that the
-        # block computes x + drop(att(norm1(x))). Correct: some entries equal x exactly; dropout on the sum
-        # (shortcut included) zeroes entries instead.
+        # Dropout, in training mode, one sub-layer at a time: silence attention's own dropout and one sub-layer's
+        # output, so that the block computes x + drop(sublayer(norm(x))). Correct: some entries equal x exactly;
+        # dropout on the sum (shortcut included) zeroes entries instead.
         dropping = build(ck, learner_impl, GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2,
                                                      n_layers=1, drop_rate=0.5, qkv_bias=False),
                          signature="MyBlock(cfg)")
         load_reference_weights(ck, dropping, state)
         dropping = dropping.double().train()
-        dropping.att.dropout = 0.0
-        ff_out = linear_layers(dropping.ff)[-1]
-        ff_out.weight.zero_()
-        ff_out.bias.zero_()
+        silence_attention_dropout(dropping.att)
         x = torch.randn(4, 8, cfg.emb_dim, dtype=torch.float64)
-        out = ck.call("forward in training mode with drop_rate 0.5", dropping, x)
-        if (out == 0).double().mean() > 0.2:
-            ck.fail("in training mode with drop_rate 0.5, about half of your block's outputs are exactly 0: dropout "
-                    "also wipes out the shortcut",
-                    "shortcut added before dropout: apply drop_shortcut to the sub-layer's output only, "
-                    "x = x + drop_shortcut(att(norm1(x))), not drop_shortcut(x + att(norm1(x)))")
-        if (out - x == 0).double().mean() < 0.2:
-            ck.fail("in training mode with drop_rate 0.5, none of the attention outputs is dropped",
-                    "no dropout on the sub-layer outputs: x = x + self.drop_shortcut(self.att(self.norm1(x)))")
+        for kept, silenced, bug in (
+                ("attention", linear_layers(dropping.ff)[-1],
+                 "no dropout on the sub-layer outputs: x = x + self.drop_shortcut(self.att(self.norm1(x)))"),
+                ("feed-forward", getattr(dropping.att, "out_proj", None) or linear_layers(dropping.att)[-1],
+                 "no dropout on the feed-forward shortcut: x = x + self.drop_shortcut(self.ff(self.norm2(x)))")):
+            state_before = {k: v.clone() for k, v in silenced.state_dict().items()}
+            silenced.weight.zero_()
+            silenced.bias.zero_()
+            out = ck.call(f"forward in training mode with drop_rate 0.5 ({kept} only)", dropping, x)
+            silenced.load_state_dict(state_before)
+            if (out == 0).double().mean() > 0.2:
+                ck.fail("in training mode with drop_rate 0.5, about half of your block's outputs are exactly 0: "
+                        "dropout also wipes out the shortcut",
+                        "shortcut added before dropout: apply drop_shortcut to the sub-layer's output only, "
+                        "x = x + drop_shortcut(att(norm1(x))), not drop_shortcut(x + att(norm1(x)))")
+            if (out - x == 0).double().mean() < 0.2:
+                ck.fail(f"in training mode with drop_rate 0.5, none of the {kept} outputs is dropped", bug)
         dropping.eval()
         if not torch.equal(dropping(x), dropping(x)):
             ck.fail("in eval mode two calls on the same input give different outputs",

@@ -186,3 +186,65 @@ def load_reference_weights(ck: Checker, mine: nn.Module, reference: dict, rename
     state = {theirs_key: reference[rename(theirs_key)] for theirs_key in mine.state_dict()}
     ck.call("loading the reference weights into your module", mine.load_state_dict, state,
             bug="a parameter has the wrong shape: compare your layers' sizes with the lesson's")
+
+
+def random_model(drop_rate: float = 0.3, context_length: int = 8, vocab_size: int = 20):
+    """A small GPTModel in float64 with large random weights (std 0.5), so that its next-token choices vary and
+    no two logits come close: greedy decoding and beam search on it have one right answer. In training mode."""
+    from course_lib.model import GPTModel  # here, not at the top: the lesson modules import guards, not checks
+
+    cfg = GPTConfig(vocab_size=vocab_size, context_length=context_length, emb_dim=8, n_heads=2, n_layers=1,
+                    drop_rate=drop_rate, qkv_bias=False)
+    model = GPTModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5)
+    return model.double().train()
+
+
+def decode_deterministically(ck: Checker, model: nn.Module, run, what: str):
+    """run() twice from different random states, the model in training mode as a freshly built one is. Two
+    different answers are dropout left on (the answers agree once the model is in eval mode) or sampling."""
+    model.train()
+    answers = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        answers.append(run())
+    same = lambda a, b: isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and torch.equal(a, b)  # noqa: E731
+    if same(*answers):
+        return answers[0]
+    model.eval()
+    again = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        again.append(run())
+    model.train()
+    if same(*again):
+        ck.fail(f"{what} gives different tokens on two calls while the model is in training mode",
+                "the model is left in training mode, so dropout changes the logits at every call: decode under "
+                "model.eval() (and torch.no_grad()), as generate does with eval_mode(model)")
+    ck.fail(f"{what} gives different tokens on two calls, even in eval mode",
+            "the next token is sampled (torch.multinomial): greedy decoding and beam search take the most likely "
+            "token, logits.argmax(dim=-1) or topk")
+
+
+def check_decoded(ck: Checker, got: Tensor, expected: Tensor, token_ids: Tensor, max_new_tokens: int, variants,
+                  situation: str, fallback: str) -> None:
+    """Compare decoded ids (batch, prompt + new) with the reference, naming a wrong shape, a changed prompt or the
+    first known mistake in variants (bug, make_ids)."""
+    prompt = token_ids.shape[1]
+    if got.dim() != 2 or got.shape[0] != expected.shape[0]:
+        ck.fail(f"{situation}, you returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}",
+                "return the ids as (batch, prompt + new), one row per prompt")
+    if got.shape[1] == max_new_tokens and got.shape[1] != expected.shape[1]:
+        ck.fail(f"{situation}, you returned {got.shape[1]} ids per row, the new ones only",
+                "return the prompt followed by the new ids, torch.cat([token_ids, next_ids], dim=1), as generate does")
+    if got.shape[1] != expected.shape[1]:
+        ck.fail(f"{situation}, you returned {got.shape[1]} ids per row, expected {expected.shape[1]} "
+                f"(a prompt of {prompt} and {max_new_tokens} new)",
+                "off by one in the number of steps: add exactly max_new_tokens ids, for _ in range(max_new_tokens)")
+    if not torch.equal(got[:, :prompt].long().cpu(), token_ids.long().cpu()):
+        ck.fail(f"{situation}, your rows do not start with the prompt",
+                "keep the prompt as it is at the start of each row and append the new ids after it")
+    compare(ck, got.long(), expected.long(), variants, situation, fallback, atol=0, rtol=0)

@@ -127,6 +127,10 @@ def check_gpt_embedding(learner_impl) -> None:
         ids = torch.randint(0, cfg.vocab_size, (4, 8))
         mine_dropout.train()
         zeros = (ck.call("forward in training mode", mine_dropout, ids) == 0).double().mean().item()
+        if 0.03 < zeros < 0.35:
+            ck.fail(f"with drop_rate 0.5 in training mode only {zeros:.0%} of your outputs are zero",
+                    f"the dropout rate is fixed (about {zeros:.1f}) instead of cfg.drop_rate: "
+                    "self.drop_emb = nn.Dropout(cfg.drop_rate)")
         if zeros < 0.2:
             ck.fail(f"with drop_rate 0.5 in training mode only {zeros:.0%} of your outputs are zero",
                     "no dropout after the sum: self.drop_emb = nn.Dropout(cfg.drop_rate), applied to "

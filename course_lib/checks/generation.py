@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from course_lib.generation import scale_logits, top_k_filter, top_p_filter
+from course_lib.generation import generate_text_simple, scale_logits, top_k_filter, top_p_filter
 
-from .core import (Checker, check_unchanged, compare, first_matching_bug, isolated_rng, require_function,
-                   table_variants)
+from .core import (Checker, check_decoded, check_unchanged, compare, decode_deterministically, first_matching_bug,
+                   isolated_rng, random_model, require_function, table_variants)
 
 
 def check_logits_output(ck: Checker, got, logits: Tensor, situation: str) -> Tensor:
@@ -211,3 +211,65 @@ def check_top_p(learner_impl) -> None:
                     "sort the probabilities descending, take the cumulative sum, keep a token while the mass before "
                     "it is < p, and map the mask back to vocabulary order")
     ck.done("Your top-p filter matches course_lib's top_p_filter.")
+
+
+def simple_greedy(model, token_ids: Tensor, max_new_tokens: int, context_length: int, rule: str | None = None):
+    """Greedy decoding under one (correct or mistaken) rule, the model in eval mode: (batch, tokens + new)."""
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            window = token_ids[:, :context_length] if rule == "crop_first" else token_ids[:, -context_length:]
+            logits = model(token_ids if rule == "no_crop" else window)
+            next_id = logits[:, 0 if rule == "first_position" else -1].argmax(dim=-1, keepdim=True)
+            token_ids = torch.cat([token_ids, next_id], dim=1)
+    return token_ids
+
+
+GREEDY_BUGS = {
+    "first_position": "the next token is read from the first position's logits: the prediction for the next token "
+                      "is at the last position, logits[:, -1, :]",
+    "crop_first": "the window keeps the first context_length tokens: keep the last ones, token_ids[:, -context_length:]",
+    "no_crop": "context_length is ignored: run the model on the last context_length tokens only, "
+               "token_ids[:, -context_length:]",
+}
+
+
+@isolated_rng
+def check_greedy_decoding(learner_impl, past_context: bool = True) -> None:
+    """Check `learner_impl(model, token_ids, max_new_tokens, context_length)`, greedy decoding from notebook 08.
+
+    token_ids: (batch, tokens). Must append, max_new_tokens times, the most likely next token (argmax of the last
+    position's logits) to every row, running the model on at most the last context_length tokens, and return
+    (batch, tokens + max_new_tokens), like course_lib.generation.generate_text_simple. The model comes in training
+    mode, as a freshly built one does. past_context=False skips the cases where the sequence outgrows the window
+    (for a variant such as notebook 08's generate_half_window, exact only inside it)."""
+    ck = Checker("check_greedy_decoding")
+    require_function(ck, learner_impl, "my_generate_greedy(model, token_ids, max_new_tokens, context_length)")
+    model = random_model(drop_rate=0.3, context_length=8, vocab_size=20)
+    cases = [((2, 3), 4, 8, "within the context"), ((1, 1), 5, 8, "from a one-token prompt")]
+    if past_context:
+        cases += [((2, 5), 6, 8, "past the model's context of 8"),
+                  ((2, 4), 4, 3, "with context_length=3, shorter than the model's 8")]
+    for shape, max_new_tokens, context_length, what in cases:
+        token_ids = torch.randint(0, 20, shape)
+        situation = f"for prompts {shape}, max_new_tokens={max_new_tokens}, context_length={context_length} ({what})"
+        crash = ("the input outgrows the model's context: crop it to its last context_length tokens, "
+                 "model(token_ids[:, -context_length:])") if shape[1] + max_new_tokens > 8 else None
+
+        def run():
+            got = ck.call(f"my_generate_greedy {situation}", learner_impl, model, token_ids.clone(), max_new_tokens,
+                          context_length, bug=crash)
+            if not isinstance(got, Tensor):
+                ck.fail(f"{situation}, you returned a {type(got).__name__}",
+                        "return the token ids as one tensor (batch, tokens + max_new_tokens)")
+            return got
+
+        got = decode_deterministically(ck, model, run, f"my_generate_greedy {situation}")
+        expected = generate_text_simple(model, token_ids, max_new_tokens, context_length)
+        model.eval()
+        variants = [(bug, lambda rule=rule: simple_greedy(model, token_ids, max_new_tokens, context_length, rule))
+                    for rule, bug in GREEDY_BUGS.items()]
+        check_decoded(ck, got, expected, token_ids, max_new_tokens, variants, situation,
+                      "at every step run the model on token_ids[:, -context_length:], take logits[:, -1, :]"
+                      ".argmax(dim=-1, keepdim=True) and append it with torch.cat(..., dim=1)")
+        model.train()
+    ck.done("Your greedy decoding matches course_lib's generate_text_simple.")

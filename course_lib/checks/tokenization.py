@@ -5,7 +5,7 @@ from collections import Counter
 
 import torch
 
-from course_lib.tokenization import count_pairs, merge_pair
+from course_lib.tokenization import BPETokenizer, count_pairs, merge_pair, split_words, train_bpe
 
 from .core import Checker, first_matching_bug, isolated_rng, require_function
 
@@ -123,3 +123,85 @@ def check_count_pairs(learner_impl) -> None:
         ck.fail(f"for no words at all you returned {got}", "an empty dict of words has no pairs")
     ck.ok()
     ck.done("Your pair counter matches course_lib's count_pairs.")
+
+
+def encode_with(text: str, merges, rule: str | None = None) -> list[int]:
+    """BPE encoding under one (correct or mistaken) rule; ids 0-255 are bytes, 256 + k the token of merges[k]."""
+    ranks = {pair: k for k, pair in enumerate(merges)}
+    ids = {bytes([i]): i for i in range(256)}
+    for k, (left, right) in enumerate(merges):
+        ids[left + right] = {"id_from_255": 255 + k, "id_from_0": k}.get(rule, 256 + k)
+    chunks = [text] if rule == "no_split" else split_words(text)
+    out = []
+    for chunk in chunks:
+        if rule == "characters":
+            symbols = tuple(bytes([ord(ch)]) if ord(ch) < 256 else ch.encode("utf-8") for ch in chunk)
+        else:
+            symbols = tuple(bytes([b]) for b in chunk.encode("utf-8"))
+        done = 0
+        while len(symbols) > 1 and not (rule == "one_merge" and done):
+            pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
+            if not pairs:
+                break
+            if rule == "leftmost":
+                pair = pairs[0]
+            elif rule == "latest_first":
+                pair = max(pairs, key=ranks.get)
+            else:
+                pair = min(pairs, key=ranks.get)
+            symbols = merge_pair(symbols, pair)
+            done += 1
+        out += [ids[s] for s in symbols]
+    return out
+
+
+BPE_ENCODE_BUGS = {
+    "leftmost": "the first mergeable pair of the text is merged first: merge the pair learned EARLIEST (lowest rank) "
+                "first, wherever it is, as GPT-2 does",
+    "latest_first": "the merges are applied latest-learned first: the earliest-learned merge (lowest rank) goes first",
+    "no_split": "merges cross chunk boundaries: cut the text with split_words first and encode each chunk on its own",
+    "characters": "characters are encoded instead of UTF-8 bytes: start from tuple(bytes([b]) for b in "
+                  "chunk.encode('utf-8')), so a character like é is two bytes",
+    "id_from_255": "the merged tokens' ids are off by one: merges[k] makes token 256 + k (ids 0-255 are the bytes)",
+    "id_from_0": "the merged tokens' ids restart at 0: merges[k] makes token 256 + k (ids 0-255 are the bytes)",
+    "one_merge": "only one merge is applied per chunk: keep merging while some adjacent pair is a learned merge",
+}
+
+
+@isolated_rng
+def check_bpe_encode(learner_impl) -> None:
+    """Check `learner_impl(text, merges)`, BPE encoding with learned merges from notebook 01.
+
+    merges: the list train_bpe returns, pairs of bytes in the order they were learned. Must return a list of ids:
+    each split_words chunk of the text's UTF-8 bytes, merged always with the earliest-learned pair that applies,
+    ids 0-255 for the bytes and 256 + k for merges[k], like course_lib.tokenization.BPETokenizer(merges).encode."""
+    ck = Checker("check_bpe_encode")
+    require_function(ck, learner_impl, "my_bpe_encode(text, merges)")
+    corpus = "the cat sat on the mat. the rat sat on the hat; that cat is fat. " * 3
+    cases = [("abcde", [(b"b", b"c"), (b"a", b"b"), (b"c", b"d"), (b"d", b"e")], "merges that compete for symbols"),
+             ("abc abcd", [(b"b", b"c"), (b"a", b"b")], "merges that compete for the symbol b"),
+             ("the cat", [(b"e", b" "), (b"t", b"h")], "a merge (b'e', b' ') that would cross two chunks"),
+             ("café au lait", [(b"\xc3", b"\xa9"), (b"a", b"u")], "the two-byte character é"),
+             ("aaaa b", [(b"a", b"a"), (b"aa", b"aa")], "merges of merges"),
+             ("the fat cat sat on a mat", train_bpe(corpus, 20), "20 merges learned from a short text"),
+             ("that hat? the rat!", train_bpe(corpus, 40), "40 merges learned from a short text"),
+             ("", [(b"a", b"b")], "an empty text")]
+    for text, merges, what in cases:
+        situation = f"for the text {text!r} and {what} ({len(merges)} merges)"
+        got = ck.call(f"my_bpe_encode({text!r}, merges)", learner_impl, text, list(merges))
+        if isinstance(got, (list, tuple)) and got and all(isinstance(t, bytes) for t in got):
+            ck.fail(f"{situation}, you returned the tokens' bytes {got}",
+                    "return ids: b'x' (one byte) is id ord(b'x'), the token of merges[k] is 256 + k")
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if not isinstance(got, (list, tuple)) or not all(isinstance(t, int) for t in got):
+            ck.fail(f"{situation}, you returned {got!r}", "return a list of int ids")
+        expected = BPETokenizer(merges).encode(text)
+        if list(got) != expected:
+            bug = first_matching_bug(list(got), [(bug, lambda rule=rule: encode_with(text, merges, rule))
+                                                 for rule, bug in BPE_ENCODE_BUGS.items()], operator.eq)
+            ck.fail(f"{situation}, you returned {list(got)}, expected {expected}",
+                    bug or "for each split_words chunk: start from its bytes, and while some adjacent pair is a "
+                    "learned merge, merge (merge_pair) the one with the lowest rank; then map each symbol to its id")
+        ck.ok()
+    ck.done("Your encoder matches course_lib's BPETokenizer.encode: merges in the order they were learned.")
