@@ -1,6 +1,7 @@
 """Issue 30, notebook 11: every public door of course_lib.decoding called the way a user who has not read the code
 might call it. Each case is the call and what must come out: ("error", type, a fragment of our message naming the
-argument) or ("result", check) for an input that legitimately works, the check proving the result right.
+argument) or ("result", check) for an input that legitimately works, the check proving the result right ("meta"
+stands in for a GPU: the processors run in the decoding loop, where they must read no value).
 `outcome` sorts a run into clear / correct (passes) and unclear / silent (a deep error, or a wrong answer)."""
 
 import pytest
@@ -118,6 +119,10 @@ CASES = {
                                   error(TypeError, "prompt_len")),
     "penalize prompt_len too long": (lambda: penalize(torch.zeros(1, 5), HISTORY, 3, 1.0, 0, 1.0, 0.0),
                                      error(ValueError, "prompt_len")),
+    "penalize on meta reads no value": (lambda: penalize(torch.zeros(2, 5, device="meta"), torch.zeros(
+        2, 3, dtype=torch.long, device="meta"), 1, 1.2, 0, 0.5, 0.5), result(lambda r: r.device.type == "meta")),
+    "warp on meta reads no value": (lambda: warp_logits(torch.zeros(2, 5, device="meta"), 0.8, 3, 0.9, 0.05),
+                                    result(lambda r: r.shape == (2, 5) and r.device.type == "meta")),
     "warp top_k": (lambda: torch.isinf(warp_logits(LOGITS, 1.0, top_k=2)),
                    result(lambda r: r.tolist() == [[True, True, False, True, False]])),
     "warp temperature 0": (lambda: warp_logits(LOGITS, 0.0), error(ValueError, "temperature")),
