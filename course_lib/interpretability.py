@@ -2,10 +2,12 @@
 
 # %% auto #0
 __all__ = ['GPT2_VOCAB_SIZE', 'hook_points', 'register', 'hooked', 'run_with_cache', 'run_with_patches', 'hf_tokenizer_for',
-           'to_transformer_lens', 'previous_token_score', 'first_token_score', 'induction_score', 'logit_lens',
-           'head_logit_attribution', 'NoFeedForward', 'attention_only', 'SecondOrderChain', 'repeated_passages']
+           'to_transformer_lens', 'check_pattern', 'previous_token_score', 'first_token_score', 'induction_score',
+           'check_targets', 'logit_lens', 'head_logit_attribution', 'NoFeedForward', 'attention_only',
+           'SecondOrderChain', 'repeated_passages']
 
 # %% ../notebooks/12_interpretability.ipynb #dcbff436
+import math
 import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -13,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .guards import check_int, check_number, check_type
+from .guards import check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
 from .pretrained import save_gpt2
 from .tokenization import CharTokenizer
@@ -21,6 +23,7 @@ from .tokenization import CharTokenizer
 # %% ../notebooks/12_interpretability.ipynb #166ebcea
 def hook_points(model: GPTModel) -> dict[str, tuple[nn.Module, str]]:
     "name -> (module, where): the module's 'input' or 'output', its attention 'pattern', or its heads' 'z'."
+    check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model): its hook points name its parts")
     points = {"embed": (model.embedding, "output")}
     for i, block in enumerate(model.trf_blocks):
         points |= {f"blocks.{i}.resid_pre": (block, "input"),
@@ -36,6 +39,10 @@ def hook_points(model: GPTModel) -> dict[str, tuple[nn.Module, str]]:
 # %% ../notebooks/12_interpretability.ipynb #a765e2f2
 def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tensor], Tensor]):
     "Attach one hook that routes the activation at (module, where) through edit(name, activation)."
+    if where not in ("input", "output", "pattern", "z"):
+        raise ValueError(f"where must be 'input', 'output', 'pattern' or 'z', got {where!r}")
+    if not callable(edit):
+        raise TypeError(f"edit must be a function edit(name, activation), got {type(edit).__name__}")
     if where == "input":
         return module.register_forward_pre_hook(lambda m, args: (edit(name, args[0]), *args[1:]))
     if where == "output":
@@ -54,6 +61,8 @@ def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tens
 @contextmanager
 def hooked(model: GPTModel, names: Iterable[str], edit: Callable[[str, Tensor], Tensor]):
     "Inside the with block, each named activation passes through edit(name, activation); hooks removed after."
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise TypeError(f"names must be a list of hook point names, e.g. ['embed'], got {names!r}")
     points, handles, names = hook_points(model), [], list(names)
     unknown = [name for name in names if name not in points]
     if unknown:
@@ -85,14 +94,19 @@ def run_with_cache(model: GPTModel, token_ids: Tensor,
 def run_with_patches(model: GPTModel, token_ids: Tensor,
                      patches: dict[str, Callable[[Tensor], Tensor]]) -> Tensor:
     "The logits of a forward pass in which each named activation is replaced by patches[name](activation)."
+    if not isinstance(patches, dict) or not all(map(callable, patches.values())):
+        raise TypeError(f"patches must be a dict {{hook point name: function(activation) -> new activation}}, got "
+                        f"{patches!r:.80}")
     if any(".attn.pattern" in name for name in patches):  # its hook only records: a patch would be ignored
         raise ValueError("patches: attn.pattern can be recorded but not patched; patch 'blocks.<i>.attn.z' instead")
 
     def patch(name, activation):
         new = patches[name](activation)
-        if not isinstance(new, Tensor) or new.shape != activation.shape:
+        if not isinstance(new, Tensor) or (new.shape, new.dtype, new.device) != (activation.shape, activation.dtype,
+                                                                                 activation.device):
             raise ValueError(f"patches[{name!r}] returned {getattr(new, 'shape', type(new))}, not a tensor of the "
-                             f"activation's shape {activation.shape}")
+                             f"activation's shape {activation.shape}, dtype {activation.dtype} and device "
+                             f"{activation.device}")
         return new
 
     with torch.no_grad(), hooked(model, patches, patch):
@@ -104,6 +118,7 @@ GPT2_VOCAB_SIZE = 50257  # a model with this vocabulary gets GPT-2's tokenizer f
 # %% ../notebooks/12_interpretability.ipynb #2d247a89-1
 def hf_tokenizer_for(tokenizer: CharTokenizer):
     "A Hugging Face fast tokenizer with the same ids as the course's CharTokenizer: one id per character."
+    check_type("tokenizer", tokenizer, CharTokenizer, "pass the CharTokenizer the model was trained with")
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     core = Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(tokenizer.chars)}, unk_token=None))
@@ -131,27 +146,56 @@ def to_transformer_lens(model: GPTModel, tokenizer: CharTokenizer | None = None)
         bridge.cfg.default_prepend_bos = False  # our character models were trained without a start token
     return bridge.eval()
 
+# %% ../notebooks/12_interpretability.ipynb #check-pattern
+def check_pattern(pattern: Tensor) -> None:
+    "An attention pattern (batch, heads, queries, keys) of float weights whose every row sums to 1."
+    if not isinstance(pattern, Tensor) or not pattern.is_floating_point():
+        got = f"dtype {pattern.dtype}" if isinstance(pattern, Tensor) else type(pattern).__name__
+        raise TypeError(f"pattern must be a float tensor of attention weights, got {got}: take "
+                        "cache['blocks.<i>.attn.pattern'] from run_with_cache")
+    if pattern.dim() != 4 or pattern.shape[-1] != pattern.shape[-2]:
+        raise ValueError(f"pattern must be (batch, heads, queries, keys) with as many queries as keys, got shape "
+                         f"{tuple(pattern.shape)}: for one sequence add the batch dimension with .unsqueeze(0)")
+    if not bool(((pattern.float().sum(-1) - 1).abs() <= 1e-2).all()):  # NaN fails too
+        raise ValueError("pattern's rows must each sum to 1, the softmax weights of one query: pass the weights, "
+                         "not the scores before the softmax or weights summed over several patterns")
+
 # %% ../notebooks/12_interpretability.ipynb #ec02e18e
 def previous_token_score(pattern: Tensor) -> Tensor:
     "(batch, heads, q, k) -> (heads,): the mean weight a query puts on the position just before it."
+    check_pattern(pattern)
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))
 
 # %% ../notebooks/12_interpretability.ipynb #ec02e18e-1
 def first_token_score(pattern: Tensor) -> Tensor:
     "(batch, heads, q, k) -> (heads,): the mean weight queries 1.. put on position 0."
+    check_pattern(pattern)
     return pattern[..., 1:, 0].mean(dim=(0, -1))
 
 # %% ../notebooks/12_interpretability.ipynb #ec02e18e-2
 def induction_score(pattern: Tensor, period: int) -> Tensor:
     "(batch, heads, q, k) of a sequence repeated with this period -> (heads,): mean weight on q - period + 1."
-    if not 1 <= period <= pattern.shape[-1] // 2:  # a float period: torch's diagonal refuses it
+    check_pattern(pattern)
+    check_int("period", period, minimum=1)
+    if not 1 <= period <= pattern.shape[-1] // 2:
         raise ValueError(f"period {period}: the pattern covers {pattern.shape[-1]} tokens, not two copies of the repeat")
     # entries (q, q - period + 1) for q = period - 1 ...; the queries of the second copy start at q = period
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, -1))
 
+# %% ../notebooks/12_interpretability.ipynb #check-targets
+def check_targets(model: GPTModel, stream: Tensor, target_ids: Tensor) -> None:
+    "target_ids (batch, tokens): one id of the model's vocabulary per position of the cached stream."
+    check_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
+    check_token_tensor("target_ids", target_ids, dims=2, vocab_size=model.cfg.vocab_size)
+    if target_ids.shape != stream.shape[:2]:
+        raise ValueError(f"target_ids must hold one id per cached position, shape {tuple(stream.shape[:2])}, got "
+                         f"{tuple(target_ids.shape)}: for next-token targets cache token_ids[:, :-1] and pass "
+                         "token_ids[:, 1:]")
+
 # %% ../notebooks/12_interpretability.ipynb #d6a6caae
 def logit_lens(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) -> tuple[Tensor, Tensor]:
     "Probability and rank (0: top) of target_ids read off the stream after the embeddings and after every block."
+    check_targets(model, cache["embed"], target_ids)
     stages = ["embed"] + [f"blocks.{i}.resid_post" for i in range(len(model.trf_blocks))]
     probs, ranks = [], []
     with torch.no_grad():
@@ -165,9 +209,10 @@ def logit_lens(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) ->
 # %% ../notebooks/12_interpretability.ipynb #7915c4cd
 def head_logit_attribution(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) -> Tensor:
     "(n_layers, n_heads, batch, tokens): each head's direct contribution to the logit of target_ids."
-    last = f"blocks.{len(model.trf_blocks) - 1}.resid_post"
+    check_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
+    stream = cache[f"blocks.{len(model.trf_blocks) - 1}.resid_post"]
+    check_targets(model, stream, target_ids)
     norm = model.final_norm
-    stream = cache[last]
     scale = (stream.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (batch, tokens, 1), held fixed
     directions = model.out_head.weight[target_ids] * norm.scale  # (batch, tokens, emb_dim): gamma * W_U[target]
     per_layer = []
@@ -189,6 +234,7 @@ class NoFeedForward(nn.Module):
 # %% ../notebooks/12_interpretability.ipynb #ca2fd4d0-1
 def attention_only(model: GPTModel) -> GPTModel:
     "The model with every block's feed-forward replaced by NoFeedForward (in place): only heads write."
+    check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
     for block in model.trf_blocks:
         block.ff = NoFeedForward()
     return model
@@ -200,7 +246,9 @@ class SecondOrderChain:
 
     def __init__(self, vocab_size: int, strength: float = 3.0, seed: int = 0):
         check_int("vocab_size", vocab_size, minimum=2)
-        check_number("strength", strength, low=0, why="0 gives uniform random tokens, larger a more predictable chain")
+        check_number("strength", strength, 0, math.inf, high_open=True,
+                     why="0 gives uniform random tokens, larger a more predictable chain")
+        check_int("seed", seed)
         generator = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
         self.after_one = strength * torch.randn(vocab_size, vocab_size, generator=generator)
@@ -208,6 +256,8 @@ class SecondOrderChain:
 
     def sample(self, n: int, length: int, generator: torch.Generator) -> Tensor:
         "(n, length) token ids: the first two uniform, every later one drawn given the two before it."
+        check_int("n", n, minimum=0)
+        check_int("length", length, minimum=0)
         ids = torch.randint(0, self.vocab_size, (n, length), generator=generator)
         for t in range(2, length):
             logits = self.after_one[ids[:, t - 1]] + self.after_two[ids[:, t - 2]]  # (n, vocab)
@@ -218,6 +268,10 @@ class SecondOrderChain:
 def repeated_passages(chain: SecondOrderChain, n: int, context_length: int, periods: range,
                       generator: torch.Generator) -> Tensor:
     "(n, context_length): n passages of one length drawn from periods, each repeated until the row is full."
+    check_type("chain", chain, SecondOrderChain, "build one with SecondOrderChain(vocab_size)")
+    check_int("context_length", context_length, minimum=2)
+    if not isinstance(periods, (range, list, tuple)) or not all(isinstance(p, int) for p in periods):
+        raise TypeError(f"periods must be a range or list of passage lengths (ints), got {periods!r}")
     if not periods or min(periods) < 1 or 2 * max(periods) > context_length:
         raise ValueError(f"periods: {periods} must be lengths >= 1 that fit twice into context_length={context_length}")
     period = periods[int(torch.randint(len(periods), (1,), generator=generator))]
