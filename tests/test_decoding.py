@@ -295,7 +295,7 @@ FLOAT_IDS = "token_ids must hold integer token ids, got dtype torch.float32: con
     (lambda: penalize_frequency(torch.zeros(1, 65), torch.tensor([[1.0, 2.0]]), 0.5), TypeError, FLOAT_IDS),
     (lambda: penalize_repetition(torch.zeros(1, 65), torch.tensor([[1.0, 2.0]]), 1.2), TypeError, FLOAT_IDS),
     (lambda: min_p_filter(torch.tensor([[1, 2]]), 0.1), TypeError,
-     "logits must be a float tensor of next-token scores, got dtype torch.int64"),
+     "logits must be a floating-point tensor of scores (..., vocab_size), got dtype torch.int64"),
 ])
 def test_processors_fail_loudly_on_ids_that_are_not_integers(call, error, message):
     with pytest.raises(error, match=re.escape(message)):

@@ -25,7 +25,6 @@ IDS = torch.tensor([[1, 2, 3]])
 FULL = MODEL(IDS).detach()  # (1, 3, 50)
 # Notebook 11 replaces notebook 08's forward with one that adds attention_mask; until it calls check_forward_args
 # (08) for its checks, the cases below that only that function makes are expected to fail through model(...).
-NEEDS_11 = pytest.mark.xfail(strict=True, reason="notebook 11's GPTModel.forward must call check_forward_args")
 
 
 def check_forward_args(*args):
@@ -99,8 +98,7 @@ CASES = [
     # forward: last_only
     ("last_only True", lambda: MODEL(IDS, last_only=True), ("result", logits_like(FULL[:, -1:]))),
     ("last_only False", lambda: MODEL(IDS, last_only=False), ("result", logits_like(FULL))),
-    ("last_only 'no'", lambda: MODEL(IDS, last_only="no"), ("error", TypeError, "last_only must be True or False"),
-     NEEDS_11),
+    ("last_only 'no'", lambda: MODEL(IDS, last_only="no"), ("error", TypeError, "last_only must be True or False")),
     ("check last_only 'no'", lambda: check_forward_args(MODEL, IDS, None, "no"),
      ("error", TypeError, "last_only must be True or False")),
     ("check last_only None", lambda: check_forward_args(MODEL, IDS, None, None),
@@ -127,7 +125,7 @@ CASES = [
      ("error", ValueError, "rows")),
     ("static batch 1 then 2", cached_then(IDS, IDS.repeat(2, 1)[:, :1], [StaticKVCache(8), StaticKVCache(8)]),
      ("error", ValueError, "rows")),
-    ("caches batch 2 then 1", cached_then(IDS.repeat(2, 1), IDS[:, :1]), ("error", ValueError, "rows"), NEEDS_11),
+    ("caches batch 2 then 1", cached_then(IDS.repeat(2, 1), IDS[:, :1]), ("error", ValueError, "rows")),
     ("check caches batch", lambda: (lambda c: (MODEL(IDS.repeat(2, 1), kv_caches=c), check_forward_args(
         MODEL, IDS, c, False)))(MODEL.new_kv_caches()), ("error", ValueError, "rows")),
     # init_gpt2_weights
