@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['GPT2_VOCAB_SIZE', 'hook_points', 'register', 'hooked', 'run_with_cache', 'run_with_patches', 'hf_tokenizer_for',
            'to_transformer_lens', 'check_pattern', 'previous_token_score', 'first_token_score', 'induction_score',
-           'check_targets', 'logit_lens', 'head_logit_attribution', 'NoFeedForward', 'attention_only',
+           'check_lens_targets', 'logit_lens', 'head_logit_attribution', 'NoFeedForward', 'attention_only',
            'SecondOrderChain', 'repeated_passages']
 
 # %% ../notebooks/12_interpretability.ipynb #dcbff436
@@ -183,7 +183,7 @@ def induction_score(pattern: Tensor, period: int) -> Tensor:
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, -1))
 
 # %% ../notebooks/12_interpretability.ipynb #check-targets
-def check_targets(model: GPTModel, stream: Tensor, target_ids: Tensor) -> None:
+def check_lens_targets(model: GPTModel, stream: Tensor, target_ids: Tensor) -> None:
     "target_ids (batch, tokens): one id of the model's vocabulary per position of the cached stream."
     check_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
     check_token_tensor("target_ids", target_ids, dims=2, vocab_size=model.cfg.vocab_size)
@@ -195,7 +195,7 @@ def check_targets(model: GPTModel, stream: Tensor, target_ids: Tensor) -> None:
 # %% ../notebooks/12_interpretability.ipynb #d6a6caae
 def logit_lens(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) -> tuple[Tensor, Tensor]:
     "Probability and rank (0: top) of target_ids read off the stream after the embeddings and after every block."
-    check_targets(model, cache["embed"], target_ids)
+    check_lens_targets(model, cache["embed"], target_ids)
     stages = ["embed"] + [f"blocks.{i}.resid_post" for i in range(len(model.trf_blocks))]
     probs, ranks = [], []
     with torch.no_grad():
@@ -211,7 +211,7 @@ def head_logit_attribution(model: GPTModel, cache: dict[str, Tensor], target_ids
     "(n_layers, n_heads, batch, tokens): each head's direct contribution to the logit of target_ids."
     check_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
     stream = cache[f"blocks.{len(model.trf_blocks) - 1}.resid_post"]
-    check_targets(model, stream, target_ids)
+    check_lens_targets(model, stream, target_ids)
     norm = model.final_norm
     scale = (stream.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (batch, tokens, 1), held fixed
     directions = model.out_head.weight[target_ids] * norm.scale  # (batch, tokens, emb_dim): gamma * W_U[target]

@@ -132,9 +132,12 @@ def test_a_static_cache_refuses_another_batch(model):
     # issue 30: the new keys would broadcast into the stores of another batch, silently
     static = [StaticKVCache(8) for _ in range(CFG.n_layers)]
     model(prompts(2, 3, seed=0), kv_caches=static)
+    with pytest.raises(ValueError, match=re.escape("kv_caches hold 2 rows (sequences) but token_ids has 1 rows")):
+        model(prompts(1, 1, seed=1), kv_caches=static)  # the model's door sees it first
+    keys = torch.zeros(1, CFG.n_heads, 1, CFG.emb_dim // CFG.n_heads)
     with pytest.raises(ValueError, match=re.escape("this StaticKVCache holds 2 rows (sequences), the new keys 1 rows")):
-        model(prompts(1, 1, seed=1), kv_caches=static)
-    assert [len(cache) for cache in static] == [3, 3], "the refused call wrote nothing"
+        static[0].append(keys, keys)  # and the cache itself, for a caller who appends directly
+    assert [len(cache) for cache in static] == [3, 3], "the refused calls wrote nothing"
 
 
 @pytest.mark.parametrize("cache_type", [KVCache, lambda: StaticKVCache(8)])
