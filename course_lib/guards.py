@@ -66,7 +66,7 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
     if ids.numel() == 0:  # before the dtype: torch.tensor([[]]), an empty prompt, is float32
         raise ValueError(f"{name} is empty, shape {tuple(ids.shape)}: pass at least one token (to start from "
                          "nothing, use <|endoftext|>, id 50256)")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+    if ids.dtype not in (torch.int64, torch.int32):  # the integer types an embedding can index with
         raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}: convert with .long()")
     if ids.dim() != dims:
         shape, fix = (("(batch, tokens)", "for a single sequence add a batch dimension with .unsqueeze(0)")

@@ -280,10 +280,10 @@ def test_the_door_errors_scale_to_gpt2_sizes():
 
 
 @pytest.mark.parametrize("dtype", [torch.int16, torch.uint8])
-def test_narrow_integer_ids_pass_the_door_and_stop_in_the_embedding(dtype):
-    # the door takes any integer dtype; nn.Embedding takes int64 and int32 only, and says so
-    with pytest.raises(RuntimeError, match="Expected tensor for argument #1 'indices' to have one of the following "
-                                           "scalar types: Long, Int"):
+def test_narrow_integer_ids_are_refused_at_the_door(dtype):
+    # nn.Embedding indexes with int64 and int32 only; the door names the ids and the fix before it
+    with pytest.raises(TypeError, match=re.escape(f"token_ids must hold integer token ids, got dtype {dtype}: "
+                                                  "convert with .long()")):
         small_model()(torch.tensor([[3, 1, 4]], dtype=dtype))
 
 
