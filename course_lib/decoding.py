@@ -5,8 +5,9 @@ __all__ = ['SHAKESPEARE_DRAFT_DIR', 'ngrams', 'distinct_n', 'repeated_ngram_shar
            'ban_repeated_ngrams', 'penalize_frequency', 'min_p_filter', 'check_decoding_args', 'penalize',
            'warp_logits', 'choose_token', 'stream_tokens', 'generate_tokens', 'stream_text', 'BeamSearchResult',
            'check_beam_args', 'best_extensions', 'search_is_over', 'beam_search', 'left_pad', 'check_mask_columns',
-           'positions_after_padding', 'padding_may_attend', 'next_token_probs', 'SpeculativeResult', 'draw',
-           'draft_logits', 'accept_drafts', 'check_speculative_args', 'speculative_generate']
+           'check_left_padding', 'positions_after_padding', 'padding_may_attend', 'next_token_probs',
+           'SpeculativeResult', 'draw', 'draft_logits', 'accept_drafts', 'check_speculative_args',
+           'speculative_generate']
 
 # %% ../notebooks/11_decoding.ipynb #a175eace
 import math
@@ -182,6 +183,9 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
     context_length = check_generation_args(model, token_ids, max_new_tokens, context_length, eos_id)
     check_sampling_args(temperature, top_k, top_p)
     check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty)
+    if isinstance(attention_mask, Tensor):  # its values read once here, on the CPU: the forward reads them only there
+        check_attention_mask(attention_mask.cpu(), tuple(token_ids.shape), torch.device("cpu"))
+        check_left_padding(attention_mask.cpu())
     prompt_len = token_ids.shape[1]
     finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
     caches = model.new_kv_caches()
@@ -344,15 +348,24 @@ def check_mask_columns(attention_mask: Tensor, tokens: int) -> None:
         raise ValueError(f"tokens {tokens} is more than the {attention_mask.shape[1]} columns of attention_mask: the "
                          "mask covers every token so far, the new ones included")
 
+# %% ../notebooks/11_decoding.ipynb #check-left-padding
+def check_left_padding(attention_mask: Tensor) -> None:
+    """Every row: its 0s (pads) first, then 1s up to the newest token. The values are read only where that is free,
+    on the CPU outside torch.compile; stream_tokens reads a GPU mask once, at its door, not in every forward."""
+    real = attention_mask.long()  # (batch, tokens so far)
+    if real.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    if bool((real[:, 1:] < real[:, :-1]).any()) or not bool(real[:, -1].all()):
+        raise ValueError("attention_mask must pad on the left: in every row the 0s (pads) come first, then 1s up "
+                         "to the newest token (right padding would put pads between a prompt and its continuation)")
+
 # %% ../notebooks/11_decoding.ipynb #positions-after-padding
 def positions_after_padding(attention_mask: Tensor, tokens: int) -> Tensor:
     """The positions (batch, tokens) of the last `tokens` columns of rows padded on the left: a row's first real
     token is position 0, as if the row were alone. Pads get 0 too; no real token attends to them."""
     check_mask_columns(attention_mask, tokens)
+    check_left_padding(attention_mask)
     real = attention_mask.long()  # (batch, tokens so far)
-    if bool((real[:, 1:] < real[:, :-1]).any()) or not bool(real[:, -1].all()):
-        raise ValueError("attention_mask must pad on the left: in every row the 0s (pads) come first, then 1s up "
-                         "to the newest token (right padding would put pads between a prompt and its continuation)")
     pads = (real == 0).sum(dim=1, keepdim=True)  # (batch, 1): the pads in front of each prompt
     columns = torch.arange(real.shape[1] - tokens, real.shape[1], device=real.device)  # (tokens,)
     return (columns - pads).clamp(min=0)  # (batch, tokens)

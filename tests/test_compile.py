@@ -52,8 +52,8 @@ def test_compiled_cached_decoding_does_not_recompile_at_every_token(model, kind)
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_forward_never_synchronises_on_a_gpu():
-    """Training forward and cached decoding on CUDA under set_sync_debug_mode('error'): any host-device
-    synchronisation (an .item(), a bool() of a tensor) would raise."""
+    """Training forward, cached decoding and a padded batch on CUDA under set_sync_debug_mode('error'): any
+    host-device synchronisation (an .item(), a bool() of a tensor) would raise."""
     torch.manual_seed(0)
     gpu_model = GPTModel(CFG).cuda().eval()
     ids = torch.randint(0, CFG.vocab_size, (2, 12), device="cuda")
@@ -64,5 +64,8 @@ def test_forward_never_synchronises_on_a_gpu():
             gpu_model(ids)
             gpu_model(ids[:, :8], kv_caches=caches)
             gpu_model(ids[:, 8:9], kv_caches=caches, last_only=True)
+            mask = torch.ones_like(ids)
+            mask[1, :3] = 0  # a left-padded batch: the mask's values are read at stream_tokens' door, not here
+            gpu_model(ids, attention_mask=mask)
     finally:
         torch.cuda.set_sync_debug_mode("default")
