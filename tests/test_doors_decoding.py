@@ -17,6 +17,8 @@ from course_lib.decoding import (BeamSearchResult, accept_drafts, ban_repeated_n
 from course_lib.model import GPTModel
 from course_lib.tokenization import CharTokenizer
 
+from doors import door_tests, error, report, result
+
 V = 11  # vocabulary of the tiny models
 torch.manual_seed(0)
 MODEL = GPTModel(GPTConfig(vocab_size=V, context_length=16, emb_dim=8, n_heads=2, n_layers=1, drop_rate=0.0)).eval()
@@ -27,27 +29,6 @@ TOKENIZER = CharTokenizer("abcdefghijk")  # 11 characters, ids 0..10
 IDS = torch.tensor([[1, 2, 3, 1, 2]])
 LOGITS = torch.tensor([[1.0, -1.0, 2.0, 0.0, 3.0]])  # (1, 5)
 HISTORY = torch.tensor([[0, 1]])
-
-
-def error(kind, fragment):
-    return ("error", kind, fragment)
-
-
-def result(check):
-    return ("result", check)
-
-
-def outcome(call, expected) -> str:
-    """'clear' or 'correct' when the case behaves as expected; 'unclear: ...' or 'silent: ...' otherwise."""
-    try:
-        got = call()
-    except Exception as raised:  # noqa: BLE001 - the point is to sort every failure
-        if expected[0] == "error" and isinstance(raised, expected[1]) and expected[2] in str(raised):
-            return "clear"
-        return f"unclear: {type(raised).__name__}: {raised}"[:400]
-    if expected[0] == "result" and expected[1](got):
-        return "correct"
-    return f"silent: {got!r}"[:400]
 
 
 def same(a, b):
@@ -210,12 +191,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_door(name):
-    call, expected = CASES[name]
-    assert outcome(call, expected) in ("clear", "correct")
-
-
 def test_processors_leave_logits_and_history_alone_when_they_refuse():
     logits, history = LOGITS.clone(), torch.tensor([[0, 7]])
     for process in (lambda: penalize_repetition(logits, history, 2.0), lambda: ban_repeated_ngrams(logits, history, 1),
@@ -225,12 +200,8 @@ def test_processors_leave_logits_and_history_alone_when_they_refuse():
     assert torch.equal(logits, LOGITS) and history.tolist() == [[0, 7]]
 
 
-if __name__ == "__main__":  # the counts for the report: python tests/test_doors_decoding.py
-    from collections import Counter
-    kinds = Counter()
-    for name, (call, expected) in CASES.items():
-        kind = outcome(call, expected)
-        kinds[kind.split(":")[0]] += 1
-        if kind not in ("clear", "correct"):
-            print(f"{name}: {kind}")
-    print(dict(kinds), "of", len(CASES))
+test_door = door_tests(CASES)
+
+
+if __name__ == "__main__":  # the counts of issue 30's closing note
+    report(CASES)

@@ -3,15 +3,11 @@ read the code might. One table of cases: ("error", type, fragment of our message
 ("result", check). `python tests/test_doors_distributed.py` prints the counts of clear errors, correct results,
 unclear errors and silent wrong answers."""
 
-import json
 import math
-import re
 import tempfile
-from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
-import pytest
 import torch
 
 from course_lib.config import GPTConfig
@@ -25,6 +21,8 @@ from course_lib.shards import (
 )
 from course_lib.tokenization import CharTokenizer
 from course_lib.training import make_optimizer
+
+from doors import door_tests, report
 
 TEXT = "to be or not to be, that is the question. " * 40
 TOK = CharTokenizer.from_text(TEXT)
@@ -264,36 +262,8 @@ def patch(path, offset, value):
     return path
 
 
-def classify(case) -> str:
-    "clear / correct / unclear / silent, as issue 30 counts them."
-    _, call, kind, *expect = case
-    try:
-        value = call()
-    except Exception as error:
-        if kind == "error" and isinstance(error, expect[0]) and expect[1] in str(error):
-            return "clear"
-        return "unclear"
-    if kind == "error":
-        return "silent"
-    try:
-        return "correct" if expect[0](value) else "silent"
-    except Exception:
-        return "silent"
+test_door = door_tests(CASES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
-def test_door(case):
-    _, call, kind, *expect = case
-    if kind == "error":
-        with pytest.raises(expect[0], match=re.escape(expect[1])):
-            call()
-    else:
-        assert expect[0](call())
-
-
-if __name__ == "__main__":
-    results = {case[0]: classify(case) for case in CASES}
-    for name, outcome in results.items():
-        if outcome not in ("clear", "correct"):
-            print(f"{outcome:8} {name}")
-    print(len(CASES), dict(Counter(results.values())))
+if __name__ == "__main__":  # the counts of issue 30's closing note
+    report(CASES)

@@ -15,6 +15,8 @@ from course_lib.interpretability import (NoFeedForward, SecondOrderChain, attent
 from course_lib.model import GPTModel
 from course_lib.tokenization import CharTokenizer
 
+from doors import door_tests, error, report, result
+
 CFG = GPTConfig(vocab_size=13, context_length=16, emb_dim=12, n_heads=3, n_layers=2, drop_rate=0.0)
 torch.manual_seed(0)
 MODEL = GPTModel(CFG).eval()
@@ -22,27 +24,6 @@ IDS = torch.randint(0, CFG.vocab_size, (2, 6))
 LOGITS, CACHE = run_with_cache(MODEL, IDS)
 TARGETS = torch.randint(0, CFG.vocab_size, (2, 6))
 CHAIN = SecondOrderChain(vocab_size=9, seed=1)
-
-
-def error(kind, fragment):
-    return ("error", kind, fragment)
-
-
-def result(check):
-    return ("result", check)
-
-
-def outcome(call, expected) -> str:
-    """'clear' or 'correct' when the case behaves as expected; 'unclear: ...' or 'silent: ...' otherwise."""
-    try:
-        got = call()
-    except Exception as raised:  # noqa: BLE001 - the point is to sort every failure
-        if expected[0] == "error" and isinstance(raised, expected[1]) and expected[2] in str(raised):
-            return "clear"
-        return f"unclear: {type(raised).__name__}: {raised}"[:400]
-    if expected[0] == "result" and expected[1](got):
-        return "correct"
-    return f"silent: {got!r}"[:400]
 
 
 def pattern(tokens=6, heads=2, batch=1):
@@ -202,12 +183,6 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_door(name):
-    call, expected = CASES[name]
-    assert outcome(call, expected) in ("clear", "correct")
-
-
 def test_a_refused_call_leaves_no_hook_behind():
     for call in (lambda: run_with_cache(MODEL, IDS, "embed"), lambda: run_with_patches(MODEL, IDS, {"embed": 0.0}),
                  lambda: run_with_patches(MODEL, IDS, {"embed": lambda x: x.double()})):
@@ -216,12 +191,8 @@ def test_a_refused_call_leaves_no_hook_behind():
         assert all(not m._forward_hooks and not m._forward_pre_hooks for m in MODEL.modules())
 
 
-if __name__ == "__main__":  # the counts for the report: python tests/test_doors_interpretability.py
-    from collections import Counter
-    kinds = Counter()
-    for name, (call, expected) in CASES.items():
-        kind = outcome(call, expected)
-        kinds[kind.split(":")[0]] += 1
-        if kind not in ("clear", "correct"):
-            print(f"{name}: {kind}")
-    print(dict(kinds), "of", len(CASES))
+test_door = door_tests(CASES)
+
+
+if __name__ == "__main__":  # the counts of issue 30's closing note
+    report(CASES)

@@ -4,11 +4,7 @@ and its expected outcome: ("error", type, a fragment of the message that names t
 ("error", type, fragment, "pytorch") is PyTorch's own error, which names no argument of ours.
 `python tests/test_doors_model.py` counts the outcomes as clear / correct / unclear / silent."""
 
-import re
-import sys
-from collections import Counter
 
-import pytest
 import torch
 from torch import nn
 
@@ -17,6 +13,8 @@ from course_lib.config import GPTConfig
 import course_lib.generation as generation
 from course_lib.generation import StaticKVCache
 from course_lib.model import GPTModel, init_gpt2_weights, trace_shapes
+
+from doors import door_tests, report
 
 CFG = GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=2, drop_rate=0.0)
 torch.manual_seed(0)
@@ -152,36 +150,8 @@ CASES = [
 ]
 
 
-def outcome(call, expected) -> str:
-    """clear / correct / unclear / silent; an expected error marked "pytorch" (PyTorch's own message, which names
-    no argument of ours) counts as unclear."""
-    try:
-        result, error = call(), None
-    except Exception as raised:  # noqa: BLE001
-        error = raised
-    if expected[0] == "error":
-        if error is None:
-            return "silent"
-        ours = isinstance(error, expected[1]) and expected[2] in str(error) and expected[3:] != ("pytorch",)
-        return "clear" if ours else "unclear"
-    if error is not None:
-        return "unclear"
-    return "correct" if expected[1](result) else "silent"
+test_door = door_tests(CASES)
 
 
-@pytest.mark.parametrize("call, expected", [pytest.param(*case[1:3], marks=case[3:], id=case[0]) for case in CASES])
-def test_door(call, expected):
-    if expected[0] == "error":
-        with pytest.raises(expected[1], match=re.escape(expected[2])):
-            call()
-    else:
-        assert expected[1](call())
-
-
-if __name__ == "__main__":
-    counts = Counter()
-    for name, call, expected, *_ in CASES:
-        counts[kind := outcome(call, expected)] += 1
-        if "-v" in sys.argv or kind in ("unclear", "silent"):
-            print(f"{kind:8} {name}")
-    print(dict(counts), "of", len(CASES))
+if __name__ == "__main__":  # the counts of issue 30's closing note
+    report(CASES)
