@@ -7,7 +7,7 @@ from course_lib.decoding import beam_search, min_p_filter, penalize_repetition
 
 from .core import (Checker, check_decoded, check_unchanged, compare, decode_deterministically, first_matching_bug,
                    isolated_rng, random_model, require_function)
-from .generation import check_logits_output, fail_empty_rows
+from .generation import check_logits_output, compare_filter
 
 
 @isolated_rng
@@ -243,24 +243,10 @@ def check_min_p(learner_impl) -> None:
              (2 * torch.randn(2, 3, 20, dtype=torch.float64), 0.05, "random logits (2, 3, 20)"),
              (2 * torch.randn(3, 20, dtype=torch.float64), 1.0, "random logits (3, 20)"),
              (2 * torch.randn(3, 20, dtype=torch.float64), 0.0, "random logits (3, 20)")]
-    with torch.no_grad():
-        for logits, min_p, what in cases:
-            situation = f"for {what} and min_p={min_p}"
-            before = logits.clone()
-            got = ck.call(f"my_min_p on {what}, min_p={min_p}", learner_impl, logits, min_p)
-            check_unchanged(ck, before, logits, "min-p filter")
-            kept = check_logits_output(ck, got, logits, situation)
-            expected = torch.isfinite(min_p_filter(logits, min_p))
-            if torch.equal(kept, expected):
-                ck.ok()
-                continue
-            bug = first_matching_bug(kept, [(bug, lambda rule=rule: keep_min_p(logits, min_p, rule))
-                                            for rule, bug in MIN_P_BUGS.items()], torch.equal)
-            if bug is None:
-                fail_empty_rows(ck, kept, situation)
-            ck.fail(f"{situation}, you keep {kept.sum(-1).flatten().tolist()} token(s) per row where the reference "
-                    f"keeps {expected.sum(-1).flatten().tolist()}, or not the same ones",
-                    bug or "probs = softmax(logits, dim=-1); drop probs < min_p * probs.amax(dim=-1, keepdim=True)")
+    compare_filter(ck, learner_impl, "my_min_p", "min_p", cases, min_p_filter,
+                   lambda logits, min_p: [(bug, lambda rule=rule: keep_min_p(logits, min_p, rule))
+                                          for rule, bug in MIN_P_BUGS.items()],
+                   "min-p filter", "probs = softmax(logits, dim=-1); drop probs < min_p * probs.amax(dim=-1, keepdim=True)")
     ck.done("Your min-p filter matches course_lib's min_p_filter.")
 
 

@@ -174,6 +174,29 @@ def check_top_k(learner_impl) -> None:
     ck.done("Your top-k filter matches course_lib's top_k_filter.")
 
 
+def compare_filter(ck: Checker, learner_impl, name: str, setting: str, cases, reference, bug_variants,
+                   what_filter: str, fix: str) -> None:
+    """The comparison every logits filter (top-p, min-p) shares: for each case (logits, value, description) the
+    learner's filter must leave its input alone, return logits, and keep exactly the tokens `reference(logits, value)`
+    keeps; a mismatch is named by the first of `bug_variants(logits, value)` that explains it, else by `fix`."""
+    with torch.no_grad():
+        for logits, value, what in cases:
+            situation = f"for {what} and {setting}={value}"
+            before = logits.clone()
+            got = ck.call(f"{name} on {what}, {setting}={value}", learner_impl, logits, value)
+            check_unchanged(ck, before, logits, what_filter)
+            kept = check_logits_output(ck, got, logits, situation)
+            expected = torch.isfinite(reference(logits, value))
+            if torch.equal(kept, expected):
+                ck.ok()
+                continue
+            bug = first_matching_bug(kept, bug_variants(logits, value), torch.equal)
+            if bug is None:
+                fail_empty_rows(ck, kept, situation)
+            ck.fail(f"{situation}, you keep {kept.sum(-1).flatten().tolist()} token(s) per row where the reference "
+                    f"keeps {expected.sum(-1).flatten().tolist()}, or not the same ones", bug or fix)
+
+
 @isolated_rng
 def check_top_p(learner_impl) -> None:
     """Check `learner_impl(logits, p)`, the top-p (nucleus) filter of notebook 08.
@@ -190,26 +213,10 @@ def check_top_p(learner_impl) -> None:
              (designed, 1.0, "the probabilities [0.07, 0.38, 0.11, 0.26, 0.18]"),
              (2 * torch.randn(4, 20, dtype=torch.float64), 0.9, "random logits (4, 20)"),
              (2 * torch.randn(2, 3, 20, dtype=torch.float64), 0.5, "random logits (2, 3, 20)")]
-    with torch.no_grad():
-        for logits, p, what in cases:
-            situation = f"for {what} and p={p}"
-            before = logits.clone()
-            got = ck.call(f"my_top_p on {what}, p={p}", learner_impl, logits, p)
-            check_unchanged(ck, before, logits, "top-p filter")
-            kept = check_logits_output(ck, got, logits, situation)
-            expected = torch.isfinite(top_p_filter(logits, p))
-            if torch.equal(kept, expected):
-                ck.ok()
-                continue
-            bug = first_matching_bug(kept, table_variants(TOP_P_BUGS, functools.partial(keep_top_p, logits, p)),
-                                     torch.equal)
-            if bug is not None:
-                ck.fail(f"{situation}, you keep {kept.sum(-1).flatten().tolist()} token(s) per row where "
-                        f"the reference keeps {expected.sum(-1).flatten().tolist()}, or not the same ones", bug)
-            fail_empty_rows(ck, kept, situation)
-            ck.fail(f"{situation}, you keep other tokens than the reference",
-                    "sort the probabilities descending, take the cumulative sum, keep a token while the mass before "
-                    "it is < p, and map the mask back to vocabulary order")
+    compare_filter(ck, learner_impl, "my_top_p", "p", cases, top_p_filter,
+                   lambda logits, p: table_variants(TOP_P_BUGS, functools.partial(keep_top_p, logits, p)),
+                   "top-p filter", "sort the probabilities descending, take the cumulative sum, keep a token while the "
+                   "mass before it is < p, and map the mask back to vocabulary order")
     ck.done("Your top-p filter matches course_lib's top_p_filter.")
 
 
