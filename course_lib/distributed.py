@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['PRESETS', 'RUN_CHECKPOINT_FORMAT', 'flops_per_token', 'matmul_peak', 'RunConfig', 'environment',
            'pick_device_and_backend', 'accumulation_steps', 'save_run', 'load_run', 'pretrain', 'shard_loaders',
-           'build_run', 'job_peak', 'train_step', 'log_step', 'evaluate_shards', 'main']
+           'build_run', 'job_peak', 'batch_to', 'real_vocab', 'train_step', 'log_steps', 'evaluate_shards', 'main']
 
 # %% ../notebooks/13_scaling_up.ipynb #2c7557e2
 import argparse
@@ -13,6 +13,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -79,6 +80,8 @@ class RunConfig:
     dtype: str = "float32"  # or "bfloat16": autocast, float32 master weights
     compile: bool = False
     checkpoint_every: int = 100
+    log_every: int = 10  # steps between two reads of the loss by the host (each read waits for the GPU)
+    vocab_multiple: int = 1  # the model's vocabulary rounded up to a multiple of this (128: GPU-friendly shapes)
     seed: int = 0
     device: str | None = None  # None: this rank's GPU if there is one, else the CPU
     backend: str | None = None  # None: nccl on CUDA, gloo on the CPU
@@ -88,7 +91,7 @@ class RunConfig:
         for name, choices in known.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} {getattr(self, name)!r} is unknown: choose one of {choices}")
-        for name in ("batch_tokens", "micro_batch", "checkpoint_every"):
+        for name in ("batch_tokens", "micro_batch", "checkpoint_every", "log_every", "vocab_multiple"):
             check_int(name, getattr(self, name), minimum=1)
         if self.total_steps is not None:
             check_int("total_steps", self.total_steps, minimum=1)
@@ -196,11 +199,16 @@ def pretrain(run: RunConfig, progress: bool = True) -> dict:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend)
+    precision = torch.get_float32_matmul_precision()
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # float32 products on the tensor cores, in TF32
     try:
         return _train(run, rank, world_size, device, progress and rank == 0)
     finally:
+        torch.set_float32_matmul_precision(precision)
         if world_size > 1:
             dist.destroy_process_group()
+
 
 # %% ../notebooks/13_scaling_up.ipynb #shard-loaders
 def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfig, rank: int, world_size: int) -> dict:
@@ -218,7 +226,8 @@ def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfi
 
 # %% ../notebooks/13_scaling_up.ipynb #build-run
 def build_run(run: RunConfig, rank: int, world_size: int, device: torch.device) -> tuple:
-    "(model, optimizer, schedule, micro-batches per step and rank, loaders) of a run; a missing meta.json: FileNotFoundError."
+    """(model, optimizer, schedule, micro-batches per step and rank, loaders, the data's vocabulary size) of a run; a
+    missing meta.json: FileNotFoundError."""
     data_dir = Path(run.data_dir)
     try:  # a missing file: FileNotFoundError names it
         meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
@@ -227,38 +236,59 @@ def build_run(run: RunConfig, rank: int, world_size: int, device: torch.device) 
         raise ValueError(f"{data_dir / 'meta.json'} is not the meta.json prepare writes (JSON with vocab_size and "
                          f"shards/train, shards/val): {error!r}; prepare the data again") from error
     cfg, tcfg = PRESETS[run.preset]
-    cfg = replace(cfg, vocab_size=meta["vocab_size"])
+    vocab = meta["vocab_size"]
+    cfg = replace(cfg, vocab_size=-(-vocab // run.vocab_multiple) * run.vocab_multiple)  # rounded up
     total_steps = run.total_steps or tcfg.total_steps  # a short run keeps its warmup inside it
     tcfg = replace(tcfg, total_steps=total_steps, warmup_steps=min(tcfg.warmup_steps, total_steps - 1))
     accumulate = accumulation_steps(run.batch_tokens, world_size, run.micro_batch, cfg.context_length)
     torch.manual_seed(run.seed)  # the same initial weights on every rank (DDP also copies rank 0's)
     model = GPTModel(cfg).to(device)
-    optimizer = make_optimizer(model, tcfg)
-    return model, optimizer, tcfg, accumulate, shard_loaders(data_dir, meta, cfg.context_length, run, rank, world_size)
+    with torch.no_grad():  # the padding rows: no id reads them and the loss never scores them, so they stay 0
+        model.out_head.weight[vocab:] = 0
+    optimizer = make_optimizer(model, tcfg, fused=device.type == "cuda")  # the CPU keeps the shipped runs' AdamW
+    loaders = shard_loaders(data_dir, meta, cfg.context_length, run, rank, world_size)
+    return model, optimizer, tcfg, accumulate, loaders, vocab
+
 
 # %% ../notebooks/13_scaling_up.ipynb #job-peak
 def job_peak(device: torch.device, dtype: str, world_size: int) -> float:
     "FLOP/s of the whole job: the sum of every rank's matmul_peak, measured at the same time."
     peak = torch.tensor(matmul_peak(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32,
-                                    size=4096 if device.type == "cuda" else 2048), device=device)
+                                    size=8192 if device.type == "cuda" else 2048), device=device)
     if world_size > 1:
         dist.all_reduce(peak)
     return peak.item()
 
+
+# %% ../notebooks/13_scaling_up.ipynb #batch-to
+def batch_to(batch: tuple[torch.Tensor, ...], device: torch.device | str) -> tuple[torch.Tensor, ...]:
+    "The tensors of a batch on device; to a GPU through pinned host memory, without waiting for the copy."
+    if torch.device(device).type != "cuda":
+        return tuple(t.to(device) for t in batch)
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+
+
+# %% ../notebooks/13_scaling_up.ipynb #real-vocab
+def real_vocab(model, vocab_size: int):
+    "model's forward with the logits of padding rows cut off: token ids (batch, tokens) -> (batch, tokens, vocab_size)."
+    return lambda token_ids: model(token_ids)[..., :vocab_size]
+
+
 # %% ../notebooks/13_scaling_up.ipynb #train-step
-def train_step(forward, ddp, optimizer, loader: ShardLoader, accumulate: int, autocast, lr: float, grad_clip: float,
-               device: torch.device) -> float:
-    "One optimizer step of accumulate micro-batches at learning rate lr; returns its loss, averaged over the ranks."
+def train_step(loss_fn, ddp, optimizer, loader: ShardLoader, accumulate: int, autocast, lr: float, grad_clip: float,
+               device: torch.device) -> torch.Tensor:
+    """One optimizer step of accumulate micro-batches at learning rate lr; returns its loss averaged over the ranks,
+    a 0-d tensor on the device (reading it would make the host wait for the GPU). loss_fn(inputs, targets) -> loss."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     under_ddp = isinstance(ddp, DistributedDataParallel)
     step_loss = torch.zeros((), device=device)
     for micro in range(accumulate):
-        inputs, targets = (t.to(device) for t in loader.next_batch())  # (micro_batch, context_length) each
+        inputs, targets = batch_to(loader.next_batch(), device)  # (micro_batch, context_length) each
         sync = micro == accumulate - 1  # DDP all-reduces the gradients only in the last backward pass
         with (nullcontext() if sync or not under_ddp else ddp.no_sync()):
             with autocast:
-                loss = batch_loss(forward, inputs, targets) / accumulate
+                loss = loss_fn(inputs, targets) / accumulate
             loss.backward()
         step_loss += loss.detach()
     nn.utils.clip_grad_norm_(ddp.parameters(), grad_clip)
@@ -266,73 +296,85 @@ def train_step(forward, ddp, optimizer, loader: ShardLoader, accumulate: int, au
     optimizer.zero_grad(set_to_none=True)
     if under_ddp:
         dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)  # for the record only: the gradients are already averaged
-    return step_loss.item()
+    return step_loss
+
 
 # %% ../notebooks/13_scaling_up.ipynb #log-step
-def log_step(history: dict, bar, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float) -> None:
-    "Record step + 1's loss, learning rate, throughput and MFU; show them on the bar."
-    for key, value in zip(("step", "loss", "lr", "tokens_per_s", "mfu"), (step + 1, loss, lr, tokens_per_s, mfu)):
-        history[key].append(value)
-    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=f"{mfu:.0%}", refresh=False)
+def log_steps(history: dict, bar, pending: list, tokens_per_s: float, mfu: float) -> None:
+    """Record the steps in pending, (step, lr, loss tensor) each, with one read of their losses, and the throughput
+    and MFU of the interval they ran in; show the last on the bar."""
+    losses = torch.stack([loss for _, _, loss in pending]).tolist()  # one host read: waits for the GPU once
+    for (step, lr, _), loss in zip(pending, losses):
+        for key, value in zip(("step", "loss", "lr", "tokens_per_s", "mfu"), (step + 1, loss, lr, tokens_per_s, mfu)):
+            history[key].append(value)
+    bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens_per_s:.0f}", mfu=f"{mfu:.0%}", refresh=False)
+
 
 # %% ../notebooks/13_scaling_up.ipynb #95055431
 def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, progress: bool) -> dict:
-    model, optimizer, tcfg, accumulate, loaders = build_run(run, rank, world_size, device)
-    out_dir = Path(run.out_dir)
-    checkpoint = out_dir / "checkpoint.pt"
+    model, optimizer, tcfg, accumulate, loaders, vocab = build_run(run, rank, world_size, device)
+    checkpoint = Path(run.out_dir) / "checkpoint.pt"
     step, history = 0, {key: [] for key in ("step", "loss", "lr", "tokens_per_s", "mfu", "eval_step", "val_loss")}
     if checkpoint.exists():
         step, history = load_run(checkpoint, model, optimizer, run, world_size, loaders["train"], device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                   broadcast_buffers=False) if world_size > 1 else model  # buffers: constant masks
-    forward = torch.compile(ddp) if run.compile else ddp
+    loss_fn = partial(batch_loss, real_vocab(ddp, vocab))  # the forward pass and the loss: one compiled graph
+    loss_fn = torch.compile(loss_fn) if run.compile else loss_fn
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if run.dtype == "bfloat16" else nullcontext()
     flops = flops_per_token(model.cfg, sum(p.numel() for p in model.parameters()))
-    peak = job_peak(device, run.dtype, world_size)
+    mfu_per_token_s = flops / job_peak(device, run.dtype, world_size)  # MFU = tokens/s x this
     if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(range(step, tcfg.total_steps), desc=f"pretraining on {world_size} process(es)", disable=not progress,
                mininterval=1.0)
     model.train()
+    pending, started = [], time.perf_counter()  # steps whose loss the host has not read yet
     for step in bar:
-        started, lr = time.perf_counter(), lr_at(step, tcfg)
-        loss = train_step(forward, ddp, optimizer, loaders["train"], accumulate, autocast, lr, tcfg.grad_clip, device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the GPU runs behind the Python code: wait for it before timing
-        tokens_per_s = run.batch_tokens / (time.perf_counter() - started)
-        log_step(history, bar, step, loss, lr, tokens_per_s, tokens_per_s * flops / peak)
+        lr = lr_at(step, tcfg)
+        pending.append((step, lr, train_step(loss_fn, ddp, optimizer, loaders["train"], accumulate, autocast, lr,
+                                             tcfg.grad_clip, device)))
         last = step + 1 == tcfg.total_steps
-        if (step + 1) % tcfg.eval_every == 0 or last:
-            history["eval_step"].append(step + 1)
-            history["val_loss"].append(evaluate_shards(model, loaders["val"], tcfg.eval_batches, world_size, autocast,
-                                                       device))
-        if (step + 1) % run.checkpoint_every == 0 or last:
-            if rank == 0:
+        evaluate, save = (step + 1) % tcfg.eval_every == 0 or last, (step + 1) % run.checkpoint_every == 0 or last
+        if (step + 1) % run.log_every == 0 or evaluate or save:
+            tokens_per_s = run.batch_tokens * len(pending) / (time.perf_counter() - started)  # see log_steps: it waits
+            log_steps(history, bar, pending, tokens_per_s, tokens_per_s * mfu_per_token_s)
+            if evaluate:
+                history["eval_step"].append(step + 1)
+                history["val_loss"].append(evaluate_shards(model, loaders["val"], tcfg.eval_batches, world_size,
+                                                           autocast, device, vocab))
+            if save and rank == 0:
                 save_run(checkpoint, model, optimizer, run, world_size, step + 1, loaders["train"], history)
-            if world_size > 1:
+            if save and world_size > 1:
                 dist.barrier()  # no rank runs ahead of a checkpoint it may have to resume from
+            pending, started = [], time.perf_counter()
     bar.close()
     return history
 
+
 # %% ../notebooks/13_scaling_up.ipynb #aa7d5502
 @torch.no_grad()
-def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size: int, autocast, device) -> float:
-    "Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks."
+def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size: int, autocast, device,
+                    vocab_size: int | None = None) -> float:
+    """Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks;
+    vocab_size: the data's, where the model's vocabulary is padded (None: the model's own)."""
     check_int("steps", steps, minimum=1)  # 0 batches have no mean loss
     model.eval()
     saved = loader.state_dict()
     loader.epoch, loader.position = 0, 0  # the same windows at every evaluation, whatever the world size
     batches = min(steps, loader.steps_per_epoch) * loader.accumulate
+    forward = model if vocab_size is None else real_vocab(model, vocab_size)
     total = torch.zeros((), device=device)
     for _ in range(batches):
-        inputs, targets = (t.to(device) for t in loader.next_batch())  # (micro_batch, context_length) each
+        inputs, targets = batch_to(loader.next_batch(), device)  # (micro_batch, context_length) each
         with autocast:
-            total += batch_loss(model, inputs, targets).float()
+            total += batch_loss(forward, inputs, targets).float()
     loader.load_state_dict(saved)
     if world_size > 1:
         dist.all_reduce(total, op=dist.ReduceOp.AVG)
     model.train()
     return total.item() / batches
+
 
 # %% ../notebooks/13_scaling_up.ipynb #96becd28
 def main(argv: list[str] | None = None) -> None:
@@ -356,6 +398,8 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
     train.add_argument("--checkpoint-every", type=int, default=100)
+    train.add_argument("--log-every", type=int, default=10, help="steps between two reads of the loss")
+    train.add_argument("--vocab-multiple", type=int, default=1, help="round the vocabulary up (128 on a GPU)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default=None, help="default: this rank's GPU if any, else cpu")
     train.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl on CUDA, else gloo")

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['check_kv_caches', 'check_forward_args', 'check_generation_args', 'eval_mode', 'generate_text_simple',
            'check_sampling_args', 'check_logits', 'scale_logits', 'top_k_filter', 'top_p_filter', 'sample_next_token',
-           'StaticKVCache', 'next_token_logits', 'generate']
+           'StaticKVCache', 'next_token_logits', 'generate', 'StepKVCache', 'GraphedGreedyDecoder']
 
 # %% ../notebooks/08_generation.ipynb #c231c102
 import math
@@ -287,3 +287,100 @@ def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_le
             if eos_id is not None and bool(finished.all()):
                 break
     return token_ids
+
+# %% ../notebooks/08_generation.ipynb #step-kv-cache
+class StepKVCache(KVCache):
+    """A cache for decoding steps of one fixed shape: storage for every position, allocated once, and the position
+    to write as a (1,) tensor on the device, shared by the caches of all blocks. append writes the new keys and
+    values there with index_copy_ and returns the whole storage: the step's mask hides the positions not written
+    yet. len() is therefore the capacity, not the number of positions written."""
+
+    def __init__(self, position: Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype):
+        super().__init__()
+        self.position = position  # (1,) long, on the model's device
+        self.keys = torch.zeros(shape, dtype=dtype, device=position.device)  # (batch, n_heads, capacity, head_dim)
+        self.values = torch.zeros(shape, dtype=dtype, device=position.device)  # zeros: 0 x garbage may be NaN
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        self.keys.index_copy_(2, self.position, keys)  # the position is read on the device, not by the host
+        self.values.index_copy_(2, self.position, values)
+        return self.keys, self.values
+
+
+# %% ../notebooks/08_generation.ipynb #graphed-decoder
+class GraphedGreedyDecoder:
+    """Greedy decoding of up to `batch` sequences of the same prompt length, in steps of one fixed shape that never
+    read the device back, so that on a GPU one step is captured in a CUDA graph and replayed for every token.
+    capacity: the longest sequence, prompt and new tokens, at most the model's context. compile: fuse the step's
+    kernels with torch.compile first. The model's dtype is the decoding dtype (convert it with .to())."""
+
+    def __init__(self, model: GPTModel, capacity: int, batch: int = 1, compile: bool = False):
+        check_type("model", model, GPTModel, "build one with GPTModel(cfg)")
+        check_number("capacity", capacity, 2, model.cfg.context_length, why="it counts the prompt and the new tokens, "
+                     "at least 2 and at most the model's context_length")
+        check_int("batch", batch, minimum=1)
+        check_bool("compile", compile)
+        weight = model.out_head.weight
+        self.model, self.capacity = model, capacity
+        self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=weight.device)  # prompt, then new ids
+        self.position = torch.zeros(1, dtype=torch.long, device=weight.device)  # the position the next step reads
+        self.prompt_len = torch.zeros(1, dtype=torch.long, device=weight.device)
+        heads, head_dim = model.cfg.n_heads, model.cfg.emb_dim // model.cfg.n_heads
+        self.caches = [StepKVCache(self.position, (batch, heads, capacity, head_dim), weight.dtype)
+                       for _ in model.trf_blocks]
+        self.step = torch.compile(self._step, fullgraph=True) if compile else self._step
+        self.graph = None  # on a GPU: recorded by the first generate
+
+    def _step(self) -> None:
+        ids = self.tokens.index_select(1, self.position)  # (batch, 1): index_select, not [], reads no number back
+        x = self.model.embedding(ids, positions=self.position)  # (batch, 1, emb_dim)
+        may_attend = (torch.arange(self.capacity, device=ids.device) <= self.position)[None]  # (1, capacity)
+        for block, cache in zip(self.model.trf_blocks, self.caches):
+            x = block(x, cache, may_attend)  # (batch, 1, emb_dim)
+        logits = self.model.out_head(self.model.final_norm(x))[:, -1]  # (batch, vocab_size)
+        after = self.position + 1
+        in_prompt = self.tokens.index_select(1, after)[:, 0]  # the prompt's own next token, if after is inside it
+        chosen = torch.where(after < self.prompt_len, in_prompt, logits.argmax(dim=-1))  # (batch,)
+        self.tokens.index_copy_(1, after, chosen[:, None])
+        self.position.add_(1)
+
+
+# %% ../notebooks/08_generation.ipynb #graphed-capture
+@patch
+def capture(self: GraphedGreedyDecoder, warmups: int = 3) -> None:
+    """Record one step in a CUDA graph (self.graph), after `warmups` runs on a side stream."""
+    check_int("warmups", warmups, minimum=1)  # torch.compile compiles in the first run: never inside a recording
+    side = torch.cuda.Stream(self.tokens.device)
+    side.wait_stream(torch.cuda.current_stream(self.tokens.device))
+    with torch.no_grad(), eval_mode(self.model), torch.cuda.stream(side):
+        for _ in range(warmups):
+            self.position.zero_()
+            self.step()
+    torch.cuda.current_stream(self.tokens.device).wait_stream(side)
+    self.graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), eval_mode(self.model), torch.cuda.graph(self.graph):
+        self.step()
+
+
+# %% ../notebooks/08_generation.ipynb #graphed-generate
+@patch
+def generate(self: GraphedGreedyDecoder, token_ids: Tensor, max_new_tokens: int) -> Tensor:
+    """Extend each prompt in token_ids (batch, tokens) by max_new_tokens greedy tokens -> (batch, tokens + new)."""
+    batch, capacity = self.tokens.shape
+    check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.model.cfg.vocab_size, device=self.tokens.device)
+    check_int("max_new_tokens", max_new_tokens, minimum=0)
+    prompt = token_ids.shape[1]
+    if token_ids.shape[0] != batch or prompt + max_new_tokens > capacity:
+        raise ValueError(f"this decoder holds {batch} row(s) of up to {capacity} tokens; token_ids has "
+                         f"{token_ids.shape[0]} row(s) of {prompt} tokens + max_new_tokens {max_new_tokens}: build a "
+                         f"GraphedGreedyDecoder(model, capacity={prompt + max_new_tokens}, batch={token_ids.shape[0]})")
+    if self.tokens.is_cuda and self.graph is None:
+        self.capture()
+    self.tokens[:, :prompt] = token_ids
+    self.position.zero_()
+    self.prompt_len.fill_(prompt)
+    with torch.no_grad(), eval_mode(self.model):
+        for _ in range(prompt - 1 + max_new_tokens):
+            self.graph.replay() if self.graph is not None else self.step()
+    return self.tokens[:, :prompt + max_new_tokens].clone()
+

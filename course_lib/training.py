@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .config import GPTConfig
 from .generation import eval_mode, generate
-from .guards import as_device, check_int, check_number, check_token_tensor, check_type
+from .guards import as_device, check_bool, check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
 from .tokenization import DATA_DIR, CharTokenizer, gpt2_tokenizer
 
@@ -144,14 +144,17 @@ def lr_at(step: int, tcfg: TrainConfig) -> float:
     return tcfg.min_lr + 0.5 * (tcfg.max_lr - tcfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 # %% ../notebooks/09_training.ipynb #85f09e0c
-def make_optimizer(model: nn.Module, tcfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with betas (0.9, 0.99); weight decay only on matrices (>= 2-D), not on biases and LayerNorm."""
+def make_optimizer(model: nn.Module, tcfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW with betas (0.9, 0.99); weight decay only on matrices (>= 2-D), not on biases and LayerNorm.
+    fused=True updates every parameter in one kernel, for a GPU (notebook 13); the same arithmetic, other roundings."""
     check_type("model", model, nn.Module, "pass the GPTModel to train")
     check_type("tcfg", tcfg, TrainConfig, "build one with TrainConfig(...)")
+    check_bool("fused", fused)
     params = [p for p in model.parameters() if p.requires_grad]  # a tied weight counts once
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tcfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=tcfg.max_lr, betas=(0.9, 0.99))
+    return torch.optim.AdamW(groups, lr=tcfg.max_lr, betas=(0.9, 0.99), fused=fused)
+
 
 # %% ../notebooks/09_training.ipynb #ddb8b800
 @torch.no_grad()
