@@ -69,3 +69,14 @@ def test_forward_never_synchronises_on_a_gpu():
             gpu_model(ids, attention_mask=mask)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_the_fixed_shape_decoding_step_compiles_as_one_graph(model):
+    """GraphedGreedyDecoder(compile=True) compiles its step with fullgraph=True (a break would raise) and gives
+    generate's greedy tokens; the position lives on the device, so later tokens reuse the graph."""
+    from course_lib.generation import GraphedGreedyDecoder, generate
+    torch._dynamo.reset()
+    ids = torch.randint(0, CFG.vocab_size, (1, 4), generator=torch.Generator().manual_seed(3))
+    decoder = GraphedGreedyDecoder(model, capacity=24, compile=True)
+    assert torch.equal(decoder.generate(ids, 20), generate(model, ids, 20))
+    assert torch.equal(decoder.generate(ids[:, :2], 10), generate(model, ids[:, :2], 10))

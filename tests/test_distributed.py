@@ -795,3 +795,72 @@ def test_resuming_with_another_length_of_run_is_refused(char_data, tmp_path):
     longer, model, optimizer, loader = small_run(data_dir, tmp_path, total_steps=20)
     with pytest.raises(ValueError, match=r"belongs to another run: total_steps 10 \(now 20\)"):
         load_run(tmp_path / "checkpoint.pt", model, optimizer, longer, 1, loader, torch.device("cpu"))
+
+
+# Issue 31: the GPU levers, tested where they run on the CPU
+
+def run_config(char_data, out_dir, **changes) -> RunConfig:
+    settings = dict(total_steps=7, batch_tokens=1024, micro_batch=8, checkpoint_every=100) | changes
+    return RunConfig(str(char_data[0]), str(out_dir), **settings)
+
+
+def test_reading_the_loss_every_few_steps_records_every_step(char_data, tmp_path):
+    """log_every=3 reads the loss after steps 3, 6 and 7 (the last), yet the history has every step, with the same
+    numbers as reading after each step: only when the host waits changes."""
+    each = pretrain(run_config(char_data, tmp_path / "each", log_every=1), progress=False)
+    grouped = pretrain(run_config(char_data, tmp_path / "grouped", log_every=3), progress=False)
+    assert grouped["step"] == each["step"] == list(range(1, 8))
+    assert grouped["loss"] == each["loss"] and grouped["lr"] == each["lr"] and grouped["val_loss"] == each["val_loss"]
+    rates = grouped["tokens_per_s"]
+    assert rates[0] == rates[1] == rates[2] and rates[3] == rates[4] == rates[5]  # one rate per interval read
+
+
+def test_a_padded_vocabulary_is_the_same_function(char_data, tmp_path):
+    """vocab_multiple=128: the model has 128 rows for the 65 characters; the padding rows start at zero and stay
+    zero through training (no gradient reaches them), and the loss equals that of the real rows alone."""
+    from course_lib.distributed import build_run, real_vocab
+    from course_lib.training import batch_loss
+    run = run_config(char_data, tmp_path / "padded", vocab_multiple=128)
+    pretrain(run, progress=False)
+    state = load_checkpoint(tmp_path / "padded")
+    vocab = char_data[3]["vocab_size"]
+    assert state["model"]["out_head.weight"].shape[0] == 128 and vocab < 128
+    assert state["model"]["out_head.weight"][vocab:].abs().max() == 0  # untouched by 7 AdamW steps
+    model, *_, loaders, real = build_run(run, 0, 1, torch.device("cpu"))
+    model.load_state_dict(state["model"])
+    unpadded = GPTModel(replace(model.cfg, vocab_size=vocab)).eval()
+    unpadded.load_state_dict({name: t[:vocab] if t.shape[0] == 128 else t for name, t in state["model"].items()})
+    inputs, targets = loaders["val"].next_batch()
+    with torch.no_grad():
+        padded_loss = batch_loss(real_vocab(model.eval(), real), inputs, targets)
+        assert real == vocab and torch.allclose(padded_loss, batch_loss(unpadded, inputs, targets), atol=1e-6)
+
+
+def test_the_compiled_run_ends_with_the_eager_loss(char_data, tmp_path):
+    """compile=True compiles the forward pass and the loss into one graph; 7 steps end at the eager run's loss."""
+    eager = pretrain(run_config(char_data, tmp_path / "eager"), progress=False)
+    compiled = pretrain(run_config(char_data, tmp_path / "compiled", compile=True), progress=False)
+    assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-4)
+
+
+def test_the_fused_optimizer_is_for_gpus_only():
+    """The CPU keeps AdamW's default implementation (the shipped models' rebuilds stay bit-exact); make_optimizer's
+    fused switch is a bool."""
+    from course_lib.distributed import build_run  # noqa: F401 (the CPU path is what build_run takes here)
+    model = GPTModel(PRESETS["shakespeare-char"][0])
+    assert make_optimizer(model, PRESETS["shakespeare-char"][1]).defaults["fused"] in (None, False)
+    assert make_optimizer(model, PRESETS["shakespeare-char"][1], fused=True).defaults["fused"] is True
+    with pytest.raises(TypeError, match="fused"):
+        make_optimizer(model, PRESETS["shakespeare-char"][1], fused="yes")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_run_pins_batches_and_fuses_adamw(char_data, tmp_path):
+    """On a GPU: the batch arrives through pinned memory, AdamW is fused, TF32 is on inside the run and restored."""
+    from course_lib.distributed import batch_to
+    inputs, targets = batch_to((torch.arange(6).view(2, 3), torch.arange(6).view(2, 3)), torch.device("cuda"))
+    assert inputs.is_cuda and torch.equal(inputs.cpu(), torch.arange(6).view(2, 3))
+    before = torch.get_float32_matmul_precision()
+    history = pretrain(run_config(char_data, tmp_path / "cuda", device="cuda", log_every=3), progress=False)
+    assert torch.get_float32_matmul_precision() == before and len(history["loss"]) == 7
+    assert load_checkpoint(tmp_path / "cuda")["optimizer"]["param_groups"][0]["fused"] is True

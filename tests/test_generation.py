@@ -7,7 +7,7 @@ from torch import nn
 
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-from course_lib.generation import (StaticKVCache, check_generation_args, check_sampling_args, eval_mode, generate,
+from course_lib.generation import (GraphedGreedyDecoder, StaticKVCache, check_generation_args, check_sampling_args, eval_mode, generate,
                                    generate_text_simple, sample_next_token, scale_logits, top_k_filter, top_p_filter)
 from course_lib.tokenization import EOS_ID
 from course_lib.model import GPTModel
@@ -536,3 +536,66 @@ def test_an_empty_prompt_is_called_empty_whatever_its_dtype():
     model = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=1))
     with pytest.raises(ValueError, match="token_ids is empty"):
         generate(model, torch.tensor([[]]), 3)  # torch.tensor([[]]) is float32: the encoding of ""
+
+
+# Issue 31: GraphedGreedyDecoder, the step of one fixed shape (a CUDA graph where there is a GPU)
+
+@pytest.mark.parametrize("batch,prompt,new", [(1, 1, 15), (2, 4, 12), (3, 9, 7), (1, 16, 0), (2, 2, 14)])
+def test_the_fixed_shape_step_gives_generates_tokens(model, batch, prompt, new):
+    """The same greedy tokens as generate, from a one-token prompt up to a full context; the decoder is reused
+    for a second, shorter prompt and still agrees (the position and the prompt length are reset on the device)."""
+    generator = torch.Generator().manual_seed(batch * 100 + prompt)
+    ids = torch.randint(0, CFG.vocab_size, (batch, prompt), generator=generator)
+    decoder = GraphedGreedyDecoder(model, capacity=CFG.context_length, batch=batch)
+    model.train()  # the decoder runs in eval mode whatever the model's mode, and restores it
+    assert torch.equal(decoder.generate(ids, new), generate(model, ids, new))
+    assert model.training
+    shorter = ids[:, : max(1, prompt // 2)]
+    assert torch.equal(decoder.generate(shorter, 5), generate(model, shorter, 5))
+
+
+def test_the_fixed_shape_step_in_bfloat16(model):
+    """In bfloat16 (the model converted with .to) the step's tokens are generate's on the same weights."""
+    half = GPTModel(GPTConfig(vocab_size=97, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0))
+    half = half.to(torch.bfloat16)
+    ids = torch.randint(0, 97, (2, 3), generator=torch.Generator().manual_seed(5))
+    decoder = GraphedGreedyDecoder(half, capacity=16, batch=2)
+    assert decoder.caches[0].keys.dtype == torch.bfloat16
+    agree = (decoder.generate(ids, 13) == generate(half, ids, 13)).float().mean()
+    assert agree > 0.9  # bfloat16 roundings differ between the two attention paths only at near-ties
+
+
+@pytest.mark.parametrize("build,error,message", [
+    (lambda m: GraphedGreedyDecoder(m, capacity=17), ValueError, "capacity"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=1), ValueError, "capacity"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=8, batch=0), ValueError, "batch"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=8, compile="yes"), TypeError, "compile"),
+    (lambda m: GraphedGreedyDecoder(nn.Linear(2, 2), capacity=8), TypeError, "model"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=8).generate(torch.zeros(2, 3, dtype=torch.long), 2), ValueError,
+     r"1 row\(s\) of up to 8 tokens.*capacity=5, batch=2"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=8).generate(torch.zeros(1, 3, dtype=torch.long), 6), ValueError,
+     "capacity=9"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=8).generate(torch.full((1, 3), 97), 2), ValueError, "vocab_size"),
+    (lambda m: GraphedGreedyDecoder(m, capacity=8).generate(torch.zeros(1, 3, dtype=torch.long), -1), ValueError,
+     "max_new_tokens"),
+])
+def test_the_decoder_refuses_what_it_cannot_decode(model, build, error, message):
+    with pytest.raises(error, match=message):
+        build(model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compile", [False, True])
+def test_the_cuda_graph_replays_generates_tokens(compile):
+    """On a GPU the first generate records one step in a CUDA graph; its replays give generate's tokens (float32,
+    TF32 off), for a second prompt of another length too, without recording again."""
+    torch.manual_seed(0)
+    gpu_model = GPTModel(GPTConfig(vocab_size=500, context_length=64, emb_dim=64, n_heads=4, n_layers=2,
+                                   drop_rate=0.0)).cuda().eval()
+    ids = torch.randint(0, 500, (2, 5), device="cuda")
+    decoder = GraphedGreedyDecoder(gpu_model, capacity=40, batch=2, compile=compile)
+    assert torch.equal(decoder.generate(ids, 30), generate(gpu_model, ids, 30))
+    graph = decoder.graph
+    assert isinstance(graph, torch.cuda.CUDAGraph)
+    assert torch.equal(decoder.generate(ids[:, :2], 20), generate(gpu_model, ids[:, :2], 20))
+    assert decoder.graph is graph
