@@ -40,9 +40,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import RESULTS_DIR, build_pair, count_params
 
-from course_lib.distributed import RunConfig, batch_to, flops_per_token, pretrain, real_vocab
+from course_lib.distributed import RunConfig, batch_to, flops_per_token, padded_gpt, pretrain, real_vocab
 from course_lib.generation import GraphedGreedyDecoder, generate
-from course_lib.model import GPTModel
 from course_lib.shards import prepare
 from course_lib.tokenization import gpt2_tokenizer
 from course_lib.training import TrainConfig, batch_loss, load_shakespeare, make_optimizer
@@ -152,16 +151,6 @@ def profile_step(model, loss_fn, optimizer, batch, device, autocast) -> list[dic
     return [{"op": e.key, "calls": e.count, "self_ms": getattr(e, key) / 1e3} for e in rows]
 
 
-def course_model(cfg, device, vocab_multiple: int):
-    """The course's model with the vocabulary padded as build_run pads it (padding rows 0), and its real size."""
-    padded = -(-cfg.vocab_size // vocab_multiple) * vocab_multiple
-    torch.manual_seed(0)
-    model = GPTModel(replace(cfg, vocab_size=padded)).to(device)
-    with torch.no_grad():
-        model.out_head.weight[cfg.vocab_size:] = 0
-    return model
-
-
 def training_setup(cfg, device, smoke: bool):
     """The micro-batch, step counts, schedule, autocast and random batches every training variant shares."""
     micro, steps, warmup = (2, 2, 1) if smoke else (16, 6, 3)
@@ -179,7 +168,8 @@ def course_run(cfg, device, smoke, *, fused, tf32, pinned, read, vocab_multiple,
                backend=None, profiled=False):
     micro, steps, warmup, tcfg, autocast, batches_of = training_setup(cfg, device, smoke)
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    model = course_model(cfg, device, vocab_multiple)
+    torch.manual_seed(0)
+    model = padded_gpt(cfg, vocab_multiple, device)
     loss_fn = partial(batch_loss, real_vocab(model, cfg.vocab_size))
     loss_fn = torch.compile(loss_fn) if compiled else loss_fn
     try:
@@ -235,7 +225,7 @@ def training_peers(cfg, device, smoke: bool, report) -> dict:
     course, hf = build_pair(cfg.emb_dim, cfg.n_layers, cfg.n_heads, cfg.context_length, cfg.vocab_size)
     del course
 
-    def hf_run(compiled):
+    def hf_run(compiled, rows=micro):
         torch.set_float32_matmul_precision("high")
         model = copy.deepcopy(hf).to(device)
         loss_fn = partial(batch_loss, lambda ids: model(input_ids=ids, use_cache=False).logits)
@@ -243,7 +233,7 @@ def training_peers(cfg, device, smoke: bool, report) -> dict:
         optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.99), weight_decay=0.1,
                                       fused=device.type == "cuda")
         try:
-            return train_rate(model, loss_fn, optimizer, batches_of(micro), device, autocast=autocast, pinned=True,
+            return train_rate(model, loss_fn, optimizer, batches_of(rows), device, autocast=autocast, pinned=True,
                               read_every_step=False, steps=steps, warmup=warmup + (2 if compiled else 0))
         finally:
             torch.set_float32_matmul_precision("highest")
@@ -251,6 +241,9 @@ def training_peers(cfg, device, smoke: bool, report) -> dict:
     peers["Hugging Face eager"] = report("train HF eager", lambda: hf_run(False))
     if not smoke:
         peers["Hugging Face compiled"] = report("train HF compiled", lambda: hf_run(True))
+        peers["course compiled (all levers), micro-batch 64"] = report(
+            "train course compiled 64", lambda: course_run(cfg, device, smoke, **ALL_LEVERS, compiled=True, rows=64))
+        peers["Hugging Face compiled, micro-batch 64"] = report("train HF compiled 64", lambda: hf_run(True, 64))
     return {"micro_batch": micro, "context": cfg.context_length, "peers": peers}
 
 
@@ -320,6 +313,9 @@ def decoding(course, hf, device, smoke: bool, bandwidth: float, report) -> dict:
         if not smoke:
             fused = GraphedGreedyDecoder(model, capacity=8 + new, compile=True)
             variants["course GraphedGreedyDecoder (compiled step)"] = lambda: fused.generate(prompt, new)
+        if not smoke and dtype == torch.bfloat16:
+            tuned = GraphedGreedyDecoder(model, capacity=8 + new, compile="max-autotune-no-cudagraphs")
+            variants["course GraphedGreedyDecoder (step compiled, max-autotune)"] = lambda: tuned.generate(prompt, new)
         rows = {name: report(f"decode {dtype_name} {name}", lambda fn=fn: rate(fn)) for name, fn in variants.items()}
         reference = rows["course generate (eager)"].get("tokens")
         for row in rows.values():
@@ -406,18 +402,17 @@ def main(argv=None) -> dict:
     n_params = count_params(course)
     payload["model"] = {"params": n_params, "flops_per_token": flops_per_token(cfg, n_params)}
     save()
-    if "command" not in args.skip:  # the headline figures first: a run cut short keeps them
-        payload["pretraining_command"] = pretraining_command(device, args.smoke, report)
-        save()
-    if "training" not in args.skip:
-        payload["training"] = training_levers(cfg, device, args.smoke, report)
-        save()
     if "decoding" not in args.skip:
         bandwidth = payload["ceilings"].get("copy_bandwidth_bytes_per_s", float("nan"))
         payload["decoding"] = decoding(course, hf, device, args.smoke, bandwidth, report)
         save()
     del course, hf
+    if "command" not in args.skip:
+        payload["pretraining_command"] = pretraining_command(device, args.smoke, report)
+        save()
     if "training" not in args.skip:
+        payload["training"] = training_levers(cfg, device, args.smoke, report)
+        save()
         payload["training"].update(training_peers(cfg, device, args.smoke, report))
         save()
     summary(payload)

@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['PRESETS', 'RUN_CHECKPOINT_FORMAT', 'flops_per_token', 'matmul_peak', 'RunConfig', 'environment',
            'pick_device_and_backend', 'accumulation_steps', 'save_run', 'load_run', 'pretrain', 'shard_loaders',
-           'build_run', 'job_peak', 'batch_to', 'real_vocab', 'train_step', 'log_steps', 'evaluate_shards', 'main']
+           'padded_gpt', 'real_vocab', 'build_run', 'job_peak', 'batch_to', 'train_step', 'log_steps',
+           'evaluate_shards', 'main']
 
 # %% ../notebooks/13_scaling_up.ipynb #2c7557e2
 import argparse
@@ -224,6 +225,21 @@ def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfi
             raise ValueError(f"{split} shards of {data_dir}: {error} (prepare with {fix})") from error
     return loaders
 
+# %% ../notebooks/13_scaling_up.ipynb #real-vocab
+def padded_gpt(cfg: GPTConfig, vocab_multiple: int, device: torch.device | str = "cpu") -> GPTModel:
+    "GPTModel(cfg) on device with its vocabulary rounded up to a multiple of vocab_multiple, the padding rows zero."
+    check_int("vocab_multiple", vocab_multiple, minimum=1)
+    model = GPTModel(replace(cfg, vocab_size=-(-cfg.vocab_size // vocab_multiple) * vocab_multiple)).to(device)
+    with torch.no_grad():  # no id reads the padding rows and the loss never scores them: they stay zero
+        model.out_head.weight[cfg.vocab_size:] = 0
+    return model
+
+
+def real_vocab(model, vocab_size: int):
+    "model's forward with the logits of padding rows cut off: token ids (batch, tokens) -> (batch, tokens, vocab_size)."
+    return lambda token_ids: model(token_ids)[..., :vocab_size]
+
+
 # %% ../notebooks/13_scaling_up.ipynb #build-run
 def build_run(run: RunConfig, rank: int, world_size: int, device: torch.device) -> tuple:
     """(model, optimizer, schedule, micro-batches per step and rank, loaders, the data's vocabulary size) of a run; a
@@ -237,14 +253,11 @@ def build_run(run: RunConfig, rank: int, world_size: int, device: torch.device) 
                          f"shards/train, shards/val): {error!r}; prepare the data again") from error
     cfg, tcfg = PRESETS[run.preset]
     vocab = meta["vocab_size"]
-    cfg = replace(cfg, vocab_size=-(-vocab // run.vocab_multiple) * run.vocab_multiple)  # rounded up
     total_steps = run.total_steps or tcfg.total_steps  # a short run keeps its warmup inside it
     tcfg = replace(tcfg, total_steps=total_steps, warmup_steps=min(tcfg.warmup_steps, total_steps - 1))
     accumulate = accumulation_steps(run.batch_tokens, world_size, run.micro_batch, cfg.context_length)
     torch.manual_seed(run.seed)  # the same initial weights on every rank (DDP also copies rank 0's)
-    model = GPTModel(cfg).to(device)
-    with torch.no_grad():  # the padding rows: no id reads them and the loss never scores them, so they stay 0
-        model.out_head.weight[vocab:] = 0
+    model = padded_gpt(replace(cfg, vocab_size=vocab), run.vocab_multiple, device)
     optimizer = make_optimizer(model, tcfg, fused=device.type == "cuda")  # the CPU keeps the shipped runs' AdamW
     loaders = shard_loaders(data_dir, meta, cfg.context_length, run, rank, world_size)
     return model, optimizer, tcfg, accumulate, loaders, vocab
@@ -266,12 +279,6 @@ def batch_to(batch: tuple[torch.Tensor, ...], device: torch.device | str) -> tup
     if torch.device(device).type != "cuda":
         return tuple(t.to(device) for t in batch)
     return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
-
-
-# %% ../notebooks/13_scaling_up.ipynb #real-vocab
-def real_vocab(model, vocab_size: int):
-    "model's forward with the logits of padding rows cut off: token ids (batch, tokens) -> (batch, tokens, vocab_size)."
-    return lambda token_ids: model(token_ids)[..., :vocab_size]
 
 
 # %% ../notebooks/13_scaling_up.ipynb #train-step

@@ -311,15 +311,17 @@ class StepKVCache(KVCache):
 class GraphedGreedyDecoder:
     """Greedy decoding of up to `batch` sequences of the same prompt length, in steps of one fixed shape that never
     read the device back, so that on a GPU one step is captured in a CUDA graph and replayed for every token.
-    capacity: the longest sequence, prompt and new tokens, at most the model's context. compile: fuse the step's
-    kernels with torch.compile first. The model's dtype is the decoding dtype (convert it with .to())."""
+    capacity: the longest sequence, prompt and new tokens, at most the model's context. compile: True fuses the
+    step's kernels with torch.compile first; "max-autotune-no-cudagraphs" also times Triton's own matrix products
+    against cuBLAS's and keeps the faster (a minute or more of compiling). The model's dtype is the decoding dtype."""
 
-    def __init__(self, model: GPTModel, capacity: int, batch: int = 1, compile: bool = False):
+    def __init__(self, model: GPTModel, capacity: int, batch: int = 1, compile: bool | str = False):
         check_type("model", model, GPTModel, "build one with GPTModel(cfg)")
         check_number("capacity", capacity, 2, model.cfg.context_length, why="it counts the prompt and the new tokens, "
                      "at least 2 and at most the model's context_length")
         check_int("batch", batch, minimum=1)
-        check_bool("compile", compile)
+        if not (isinstance(compile, bool) or compile == "max-autotune-no-cudagraphs"):  # other modes bring graphs
+            raise ValueError(f"compile must be False, True or 'max-autotune-no-cudagraphs', got {compile!r}")
         weight = model.out_head.weight
         self.model, self.capacity = model, capacity
         self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=weight.device)  # prompt, then new ids
@@ -328,7 +330,8 @@ class GraphedGreedyDecoder:
         heads, head_dim = model.cfg.n_heads, model.cfg.emb_dim // model.cfg.n_heads
         self.caches = [StepKVCache(self.position, (batch, heads, capacity, head_dim), weight.dtype)
                        for _ in model.trf_blocks]
-        self.step = torch.compile(self._step, fullgraph=True) if compile else self._step
+        mode = compile if isinstance(compile, str) else None
+        self.step = torch.compile(self._step, fullgraph=True, mode=mode) if compile else self._step
         self.graph = None  # on a GPU: recorded by the first generate
 
     def _step(self) -> None:
