@@ -106,6 +106,18 @@ def ceilings(device: torch.device, smoke: bool) -> dict:
 
 # ----------------------------------------------------------------------------- training
 
+def one_step(model, loss_fn, optimizer, batch, device, autocast, pinned: bool) -> torch.Tensor:
+    """One training step on one micro-batch: forward and loss, backward, clipping, AdamW; the loss, on the device."""
+    inputs, targets = batch_to(batch, device) if pinned else tuple(t.to(device) for t in batch)
+    with autocast:
+        loss = loss_fn(inputs, targets)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def train_rate(model, loss_fn, optimizer, batches, device, *, autocast, pinned, read_every_step, steps,
                warmup) -> dict:
     """Tokens/s of training steps (one micro-batch each), median over `steps` after `warmup`; the step's GPU time
@@ -116,15 +128,8 @@ def train_rate(model, loss_fn, optimizer, batches, device, *, autocast, pinned, 
     for i in range(warmup + steps):
         if i >= warmup:
             marks.append(clock.mark())
-        batch = batches[i % len(batches)]
-        inputs, targets = batch_to(batch, device) if pinned else tuple(t.to(device) for t in batch)
-        with autocast:
-            loss = loss_fn(inputs, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item() if read_every_step else loss.detach())
+        loss = one_step(model, loss_fn, optimizer, batches[i % len(batches)], device, autocast, pinned)
+        losses.append(loss.item() if read_every_step else loss)
     marks.append(clock.mark())
     sync(device)
     seconds = [clock.seconds(a, b) for a, b in zip(marks, marks[1:])]
@@ -138,13 +143,7 @@ def profile_step(model, loss_fn, optimizer, batch, device, autocast) -> list[dic
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        inputs, targets = batch_to(batch, device)
-        with autocast:
-            loss = loss_fn(inputs, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        one_step(model, loss_fn, optimizer, batch, device, autocast, pinned=True)
         sync(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:15]

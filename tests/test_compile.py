@@ -80,3 +80,20 @@ def test_the_fixed_shape_decoding_step_compiles_as_one_graph(model):
     decoder = GraphedGreedyDecoder(model, capacity=24, compile=True)
     assert torch.equal(decoder.generate(ids, 20), generate(model, ids, 20))
     assert torch.equal(decoder.generate(ids[:, :2], 10), generate(model, ids[:, :2], 10))
+
+
+def test_the_training_loss_compiles_as_one_graph():
+    """The pretraining loop compiles the forward pass and the loss together (issue 31): with fullgraph=True a graph
+    break would raise; the padded vocabulary's slice is inside the graph, and the loss equals eager mode's."""
+    from functools import partial
+
+    from course_lib.distributed import padded_gpt, real_vocab
+    from course_lib.training import batch_loss
+    torch._dynamo.reset()
+    model = padded_gpt(CFG, vocab_multiple=64)  # 100 tokens -> 128 rows
+    loss_fn = partial(batch_loss, real_vocab(model, CFG.vocab_size))
+    ids = torch.randint(0, CFG.vocab_size, (2, 17), generator=torch.Generator().manual_seed(4))
+    compiled = torch.compile(loss_fn, fullgraph=True)(ids[:, :-1], ids[:, 1:])
+    assert torch.allclose(compiled, loss_fn(ids[:, :-1], ids[:, 1:]), atol=1e-5)
+    compiled.backward()
+    assert model.out_head.weight.grad[CFG.vocab_size:].abs().max() == 0  # the padding rows get no gradient
