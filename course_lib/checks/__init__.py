@@ -11,6 +11,7 @@ from .core import CheckFailed
 from .decoding import check_beam_search, check_beam_step, check_min_p, check_no_repeat_ngram, check_repetition_penalty
 from .embeddings import check_gpt_embedding, check_sinusoidal_table
 from .feedforward import check_feedforward, check_gelu
+from .finetuning import check_lora_linear
 from .generation import check_greedy_decoding, check_temperature, check_top_k, check_top_p
 from .interpretability import check_induction_score, check_logit_lens
 from .model import check_gpt_model
@@ -32,4 +33,5 @@ __all__ = [
     "check_repetition_penalty", "check_beam_step", "check_no_repeat_ngram", "check_min_p",  # 11
     "check_beam_search",  # 11 decoding
     "check_induction_score", "check_logit_lens",  # 12 interpretability
+    "check_lora_linear",  # 14 finetuning
 ]
