@@ -100,7 +100,12 @@ def set_adapters(mine: nn.Module, A: Tensor, B: Tensor, like: Tensor) -> tuple[T
 
 def check_gradients(ck: Checker, mine: nn.Module, A: Tensor, B: Tensor, x: Tensor) -> None:
     mine.zero_grad()
-    ck.call("backward through your layer", lambda: mine(x).square().sum().backward())
+    out = ck.call("forward", mine, x)
+    if not out.requires_grad:
+        ck.fail("your output does not depend on lora_A and lora_B for autograd, so lora_A gets no gradient",
+                "compute the low-rank path from the parameters themselves, not under torch.no_grad() or from "
+                ".detach()ed copies")
+    ck.call("backward through your layer", lambda: out.square().sum().backward())
     for name, p in (("lora_A", A), ("lora_B", B)):
         if p.grad is None or not bool((p.grad != 0).any()):
             ck.fail(f"{name} gets no gradient", "compute the low-rank path from the parameters themselves, not under "
