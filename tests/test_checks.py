@@ -39,6 +39,9 @@ from course_lib.model import GPTModel
 from course_lib.normalization import LayerNorm
 from course_lib.tokenization import BPETokenizer, count_pairs, merge_pair, split_words
 
+# check_lora_linear's planted bugs and correct code live beside the LoRA tests that run them; counted here too
+from test_finetuning_lora import LORA_CORRECT, LORA_PLANTED
+
 
 # ----------------------------------------------------------------------------------------- merge_pair, count_pairs
 
@@ -825,7 +828,7 @@ FLOORS = {"check_merge_pair": 8, "check_count_pairs": 2, "check_sinusoidal_table
           "check_top_k": 7, "check_top_p": 4, "check_next_token_loss": 7, "check_repetition_penalty": 6,
           "check_beam_step": 4, "check_induction_score": 4, "check_logit_lens": 4, "check_greedy_decoding": 6,
           "check_no_repeat_ngram": 4, "check_min_p": 4, "check_beam_search": 4, "check_perplexity": 5,
-          "check_bpe_encode": 5}
+          "check_bpe_encode": 5, "check_lora_linear": 17}
 
 
 def learner_code(code, bug=None):
@@ -906,7 +909,7 @@ def exported_checks():
 
 def test_the_package_exports_the_check_of_every_lesson_file():
     found = exported_checks()
-    assert len(found) == 25, sorted(found)
+    assert len(found) == 26, sorted(found)
     assert sorted(checks.__all__) == sorted([*found, "CheckFailed"])
     assert all(getattr(checks, name) is check for name, check in found.items())
     assert checks.CheckFailed is importlib.import_module("course_lib.checks.core").CheckFailed
@@ -914,9 +917,9 @@ def test_the_package_exports_the_check_of_every_lesson_file():
 
 def test_planted_bug_count():
     """Every check has planted bugs and correct code in the tables, and no check loses planted bugs."""
-    planted = collections.Counter(check.__name__ for check, *_ in PLANTED)
+    planted = collections.Counter(check.__name__ for check, *_ in PLANTED + LORA_PLANTED)
     assert set(planted) == set(FLOORS) == set(exported_checks()), "a check with no planted bug"
-    correct = {getattr(row, "values", row)[0].__name__ for row in CORRECT}
+    correct = {getattr(row, "values", row)[0].__name__ for row in CORRECT + LORA_CORRECT}
     assert correct == set(FLOORS), "a check with no correct code"
     shrunk = {name: f"{planted[name]} < {floor}" for name, floor in FLOORS.items() if planted[name] < floor}
     assert not shrunk, f"checks lost planted bugs: {shrunk}"
