@@ -397,7 +397,8 @@ for method, lr in [("probe", 1e-2), ("full", 1e-4), ("lora", 1e-3)]:
     losses = train_classifier(clf, few, epochs=1, lr=lr, batch_size=32, seed=0)
     assert all(torch.equal(p, frozen[n]) for n, p in clf.named_parameters() if not p.requires_grad)
     assert len(losses) == 8 and all(0 < loss < 10 for loss in losses)
-    print(f"{method:5}: 8 steps, {len(frozen)} frozen tensors unchanged")
+    print(f"{method:5}: 8 steps, loss {losses[0]:.1f} -> {losses[-1]:.1f} (not a measurement: 8 steps, 256 passages); "
+          f"{len(frozen)} frozen tensors unchanged")
 
 # %% [markdown]
 # ### The full runs
