@@ -4,7 +4,10 @@
 __all__ = ['LoRALinear', 'find_lora_targets', 'apply_lora', 'lora_layers', 'merge_lora', 'unmerge_lora',
            'lora_state_dict', 'load_lora_state_dict', 'PLAYS_FILE', 'play_speeches', 'stratified_split', 'Passages',
            'encode_passages', 'play_passages', 'check_lengths', 'BagOfChars', 'train_classifier', 'accuracy',
-           'ClassifierGPT']
+           'ClassifierGPT', 'grow_vocabulary', 'train_new_rows', 'CHAT_TOKENS', 'IGNORE_INDEX', 'ChatTokenizer',
+           'format_chat', 'chat_batch', 'chat_loss', 'chat_reply', 'chat_loop', 'speeches', 'last_word',
+           'INSTRUCTION_TASKS', 'make_instructions', 'check_reply', 'NEW_ROWS', 'chat_state_dict',
+           'SHAKESPEARE_CHAT_DIR', 'load_shakespeare_chat']
 
 # %% ../notebooks/14_finetuning.ipynb #lora-imports
 import math
@@ -390,3 +393,289 @@ class ClassifierGPT(nn.Module):
         x = self.final_norm(x)  # (batch, tokens, emb_dim)
         last = x[torch.arange(len(x), device=x.device), lengths - 1]  # (batch, emb_dim): each passage's last token
         return self.out_head(last)  # (batch, num_classes)
+
+# %% ../notebooks/14_finetuning.ipynb #chat-imports
+import copy
+import json
+import random
+from dataclasses import replace
+
+from safetensors.torch import load_file
+
+from .generation import generate
+from .model import GPTModel
+from .pretrained import load_shakespeare_gpt
+from .tokenization import DATA_DIR, CharTokenizer, check_token_ids
+
+# %% ../notebooks/14_finetuning.ipynb #grow-vocabulary
+@torch.no_grad()
+def grow_vocabulary(model: GPTModel, n_new: int) -> GPTModel:
+    """A copy of `model` that knows n_new more tokens, numbered after the old ones: the token embedding and the
+    output head get n_new new rows, each the mean of the old rows; the old rows are copied bit for bit, and the
+    model passed in is left as it was. A tied model stays tied."""
+    check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. load_shakespeare_gpt()[0]")
+    check_int("n_new", n_new, minimum=1)
+    grown = copy.deepcopy(model)
+    grown.cfg = replace(model.cfg, vocab_size=model.cfg.vocab_size + n_new)
+
+    def with_mean_rows(weight: Tensor) -> nn.Parameter:  # (old, emb_dim) -> (old + n_new, emb_dim)
+        mean = weight.float().mean(dim=0, keepdim=True).to(weight.dtype)  # (1, emb_dim), averaged in float32
+        return nn.Parameter(torch.cat([weight, mean.expand(n_new, -1)]))
+
+    grown.embedding.tok_emb.weight = with_mean_rows(model.embedding.tok_emb.weight)
+    grown.embedding.tok_emb.num_embeddings = grown.cfg.vocab_size
+    if model.cfg.tie_weights:  # one matrix, two roles, as before
+        grown.out_head.weight = grown.embedding.tok_emb.weight
+    else:
+        grown.out_head.weight = with_mean_rows(model.out_head.weight)
+    grown.out_head.out_features = grown.cfg.vocab_size
+    return grown
+
+# %% ../notebooks/14_finetuning.ipynb #train-new-rows
+def train_new_rows(model: GPTModel, first_new: int) -> list[Tensor]:
+    """Make the token embedding and the output head trainable, but only their rows first_new, first_new + 1, ...:
+    a gradient hook zeroes the gradient of every older row. Train them with weight_decay=0, so that AdamW leaves
+    a row whose gradient is always zero exactly as it was. Returns the parameters (one if tied)."""
+    check_type("model", model, GPTModel, "pass the model that grow_vocabulary returned")
+    check_int("first_new", first_new, minimum=1)
+    if first_new >= model.cfg.vocab_size:
+        raise ValueError(f"first_new is {first_new}, but the vocabulary has only {model.cfg.vocab_size} tokens: pass "
+                         "the old vocabulary size, the id of the first token grow_vocabulary added")
+    params = [model.embedding.tok_emb.weight]
+    if model.out_head.weight is not params[0]:
+        params.append(model.out_head.weight)
+    keep_old = torch.ones(model.cfg.vocab_size, 1, device=params[0].device, dtype=params[0].dtype)
+    keep_old[:first_new] = 0  # (vocab_size, 1): 0 on the old rows, 1 on the new ones
+    for p in params:
+        p.requires_grad_(True)
+        p.register_hook(lambda grad: grad * keep_old)  # (vocab_size, emb_dim): old rows get no gradient
+    return params
+
+# %% ../notebooks/14_finetuning.ipynb #chat-tokens
+CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")  # opens a user's turn, opens the model's turn, ends a turn
+
+# %% ../notebooks/14_finetuning.ipynb #ignore-index
+IGNORE_INDEX = -100  # a target that F.cross_entropy(..., ignore_index=IGNORE_INDEX) leaves out of the loss
+
+# %% ../notebooks/14_finetuning.ipynb #chat-tokenizer
+class ChatTokenizer:
+    """A CharTokenizer plus the chat tokens CHAT_TOKENS, numbered after its characters (65 characters: ids 65,
+    66, 67). encode reads each chat token as one id; decode writes it back as its text."""
+
+    def __init__(self, char_tokenizer: CharTokenizer):
+        check_type("char_tokenizer", char_tokenizer, CharTokenizer, "pass the model's tokenizer, e.g. "
+                   "load_shakespeare_gpt()[1]")
+        self.char_tokenizer = char_tokenizer
+        n = char_tokenizer.vocab_size
+        self.special_ids = {token: n + i for i, token in enumerate(CHAT_TOKENS)}  # "<|user|>" -> 65, ...
+        self.user_id, self.assistant_id, self.end_id = self.special_ids.values()
+        self.splitter = re.compile("(" + "|".join(re.escape(token) for token in CHAT_TOKENS) + ")")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.char_tokenizer.vocab_size + len(CHAT_TOKENS)
+
+    def encode(self, text: str) -> list[int]:
+        check_type("text", text, str, "decode bytes first with .decode('utf-8')")
+        ids = []
+        for piece in self.splitter.split(text):  # "<|user|>Hi" -> ["", "<|user|>", "Hi"]
+            ids += [self.special_ids[piece]] if piece in self.special_ids else self.char_tokenizer.encode(piece)
+        return ids
+
+    def decode(self, ids) -> str:
+        n = self.char_tokenizer.vocab_size
+        return "".join(CHAT_TOKENS[i - n] if i >= n else self.char_tokenizer.chars[i]
+                       for i in check_token_ids(ids, self.vocab_size))
+
+# %% ../notebooks/14_finetuning.ipynb #format-chat
+def format_chat(instruction: str, response: str | None = None) -> str:
+    """One exchange as text: <|user|>instruction<|assistant|>response<|end|>, or, without a response, the prompt
+    that asks the model for one (it ends with <|assistant|>)."""
+    for name, text in (("instruction", instruction), ("response", response)):
+        if text is None and name == "response":
+            continue
+        check_type(name, text, str, "pass the text of the turn")
+        found = [token for token in CHAT_TOKENS if token in text]
+        if found:
+            raise ValueError(f"{name} contains the chat token {found[0]!r}: the turn's text may not hold "
+                             f"{', '.join(CHAT_TOKENS)}; format_chat adds them itself")
+    prompt = f"{CHAT_TOKENS[0]}{instruction}{CHAT_TOKENS[1]}"
+    return prompt if response is None else f"{prompt}{response}{CHAT_TOKENS[2]}"
+
+# %% ../notebooks/14_finetuning.ipynb #chat-batch
+def chat_batch(tokenizer: ChatTokenizer, examples, context_length: int) -> tuple[Tensor, Tensor]:
+    """Inputs and targets, both (batch, tokens), for (instruction, response) pairs: each row is the exchange of
+    format_chat shifted by one, padded on the right with <|end|>. A target is IGNORE_INDEX at every position whose
+    next token belongs to the prompt, and on the padding: only the response and its <|end|> count in the loss."""
+    check_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
+    if not isinstance(examples, (list, tuple)) or not examples:
+        raise TypeError(f"examples must be a non-empty list of (instruction, response) pairs, got {examples!r}")
+    check_int("context_length", context_length, minimum=1)
+    rows = []
+    for i, pair in enumerate(examples):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise TypeError(f"examples[{i}] must be an (instruction, response) pair of str, got {pair!r}")
+        prompt = tokenizer.encode(format_chat(pair[0]))  # <|user|> ... <|assistant|>
+        full = tokenizer.encode(format_chat(*pair))  # the prompt, the response, <|end|>
+        if len(full) - 1 > context_length:
+            raise ValueError(f"examples[{i}] is {len(full)} tokens long, more than context_length + 1 = "
+                             f"{context_length + 1}: shorten its instruction or response")
+        targets = [IGNORE_INDEX] * (len(prompt) - 1) + full[len(prompt):]  # predict the response only
+        rows.append((full[:-1], targets))
+    width = max(len(inputs) for inputs, _ in rows)
+    inputs = torch.tensor([x + [tokenizer.end_id] * (width - len(x)) for x, _ in rows])  # (batch, width)
+    targets = torch.tensor([t + [IGNORE_INDEX] * (width - len(t)) for _, t in rows])  # (batch, width)
+    return inputs, targets
+
+# %% ../notebooks/14_finetuning.ipynb #chat-loss
+def chat_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
+    """The mean next-token loss over the targets that are not IGNORE_INDEX (the response tokens)."""
+    check_type("inputs", inputs, Tensor, "build inputs and targets with chat_batch(...)")
+    check_type("targets", targets, Tensor, "build inputs and targets with chat_batch(...)")
+    if targets.shape != inputs.shape or targets.dtype != torch.int64:
+        raise ValueError(f"targets must be int64 of the inputs' shape {tuple(inputs.shape)}, got {targets.dtype} "
+                         f"{tuple(targets.shape)}: build both with chat_batch(...)")
+    if targets.device.type == "cpu" and not bool((targets != IGNORE_INDEX).any()):  # the mean of nothing is NaN
+        raise ValueError("every target is IGNORE_INDEX: the batch has no response token to learn")
+    logits = model(inputs)  # (batch, tokens, vocab_size)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+# %% ../notebooks/14_finetuning.ipynb #chat-reply
+def chat_reply(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, max_new_tokens: int | None = None,
+               temperature: float = 0.0, generator: torch.Generator | None = None) -> str:
+    """The model's answer to one instruction: generate from the chat prompt until <|end|> (not included) or
+    max_new_tokens (default: all the room left in the context). Greedy unless temperature > 0."""
+    check_type("model", model, GPTModel, "pass the fine-tuned model")
+    check_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
+    if tokenizer.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.cfg.vocab_size}: grow "
+                         f"the model with grow_vocabulary(model, {len(CHAT_TOKENS)}) first")
+    prompt = tokenizer.encode(format_chat(instruction))
+    room = model.cfg.context_length - len(prompt)
+    if room < 1:
+        raise ValueError(f"instruction takes {len(prompt)} tokens with the chat tokens, and the context holds "
+                         f"{model.cfg.context_length}: shorten it to leave room for an answer")
+    if max_new_tokens is None:
+        max_new_tokens = room
+    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    ids = torch.tensor([prompt], device=model.out_head.weight.device)  # (1, prompt tokens)
+    out = generate(model, ids, min(max_new_tokens, room), temperature=temperature, eos_id=tokenizer.end_id,
+                   generator=generator)[0, len(prompt):].tolist()  # the new tokens
+    return tokenizer.decode(out[:out.index(tokenizer.end_id)] if tokenizer.end_id in out else out)
+
+# %% ../notebooks/14_finetuning.ipynb #chat-loop
+def chat_loop(model: GPTModel, tokenizer: ChatTokenizer, read=input, write=print, **sampling) -> list[tuple[str, str]]:
+    """Read a message, write the model's reply, until an empty message; returns the exchanges. Each turn is a
+    conversation of its own: a context of 128 characters holds one exchange, not a history. `read` and `write`
+    default to the keyboard and the screen; `sampling` goes to chat_reply (temperature, generator)."""
+    if not (callable(read) and callable(write)):
+        raise TypeError("read and write must be callables, like input and print")
+    exchanges = []
+    while (message := read("you: ")).strip():
+        reply = chat_reply(model, tokenizer, message, **sampling)
+        write(f"model: {reply}")
+        exchanges.append((message, reply))
+    return exchanges
+
+# %% ../notebooks/14_finetuning.ipynb #speeches
+def speeches(text: str) -> list[tuple[str, list[str]]]:
+    """The speeches of a stretch of the corpus, in order: (speaker, its lines) for every block "SPEAKER:\\nline\\n...".
+    A block cut off at either end of the stretch, with no heading, is left out."""
+    check_type("text", text, str, "pass the corpus text, or a part of it")
+    found = []
+    for block in text.split("\n\n"):
+        head, colon, body = block.strip("\n").partition(":\n")
+        if colon and body and "\n" not in head and head == head.upper() and head[:1].isalpha():
+            found.append((head, body.split("\n")))
+    return found
+
+# %% ../notebooks/14_finetuning.ipynb #last-word
+def last_word(line: str) -> str:
+    """The last word of a line, without the punctuation around it ("Hail, sir!" -> "sir")."""
+    words = re.findall(r"[A-Za-z][A-Za-z']*", line)
+    return words[-1] if words else ""
+
+# %% ../notebooks/14_finetuning.ipynb #instruction-tasks
+INSTRUCTION_TASKS = {  # task -> (instruction, answer) from (speaker, line, the speaker and line before it)
+    "speaker": lambda who, line, before, prev: (f"Who speaks second?\n{before}:\n{prev}\n\n{who}:\n{line}", who),
+    "upper": lambda who, line, before, prev: (f"Upper case:\n{line}", line.upper()),
+    "last_word": lambda who, line, before, prev: (f"Last word:\n{line}", last_word(line)),
+    "continue": lambda who, line, before, prev: (f"Speak as {who}.", f"{who}:\n{line}"),
+}
+
+# %% ../notebooks/14_finetuning.ipynb #make-instructions
+def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", max_line: int = 40) -> list[dict]:
+    """`per_task` instructions of each INSTRUCTION_TASKS task, drawn (seeded) from the speeches of `text`: dicts
+    {"task", "instruction", "response"}. A line that occurs in `exclude` (e.g. the training text) is never used,
+    so held-out answers cannot be recalled; lines are 12 to max_line characters (the speaker task's two: 8 to 28)."""
+    check_type("text", text, str, "pass the corpus text, or a part of it")
+    check_type("exclude", exclude, str, "pass the text whose lines may not be used, or ''")
+    check_int("per_task", per_task, minimum=1)
+    check_int("seed", seed)
+    check_int("max_line", max_line, minimum=12)
+    found = speeches(text)
+    pairs = [(who, line, *prev) for (before, lines_before), (who, lines) in zip(found, found[1:])
+             for line in lines for prev in [(before, lines_before[-1])] if line not in exclude]
+    rng, instructions = random.Random(seed), []
+    for task, make in INSTRUCTION_TASKS.items():
+        short = (8, 28) if task == "speaker" else (12, max_line)
+        pool = [p for p in pairs if short[0] <= len(p[1]) <= short[1] and
+                (task != "speaker" or (p[0] != p[2] and short[0] <= len(p[3]) <= short[1]))]
+        pool = [p for p in pool if task != "last_word" or last_word(p[1])]
+        if len(pool) < per_task:
+            raise ValueError(f"text has {len(pool)} usable lines for task {task!r}, fewer than per_task={per_task}: "
+                             "pass a longer text or ask for fewer")
+        for who, line, before, prev in rng.sample(pool, per_task):
+            instruction, response = make(who, line, before, prev)
+            instructions.append({"task": task, "instruction": instruction, "response": response})
+    return instructions
+
+# %% ../notebooks/14_finetuning.ipynb #check-reply
+def check_reply(example: dict, reply: str) -> bool:
+    """Whether `reply` answers the instruction `example` (a dict of make_instructions): the exact answer, or, for
+    "continue", which has no single answer, the speaker's heading and then one line of speech."""
+    check_type("example", example, dict, "pass one dict that make_instructions returned")
+    check_type("reply", reply, str, "pass the model's reply, e.g. from chat_reply")
+    if example.get("task") not in INSTRUCTION_TASKS or "response" not in example:
+        raise ValueError(f"example must have a 'task' among {list(INSTRUCTION_TASKS)} and a 'response', got "
+                         f"{sorted(example)}")
+    if example["task"] == "continue":
+        heading = example["response"].split("\n")[0]  # "MENENIUS:"
+        return re.fullmatch(re.escape(heading) + r"\n[^\n]*[A-Za-z][^\n]*", reply) is not None
+    return reply == example["response"]
+
+# %% ../notebooks/14_finetuning.ipynb #new-rows
+NEW_ROWS = ("embedding.tok_emb.new_rows", "out_head.new_rows")  # what a chat adapter adds to lora_state_dict
+
+# %% ../notebooks/14_finetuning.ipynb #chat-state-dict
+def chat_state_dict(model: GPTModel, first_new: int) -> dict[str, Tensor]:
+    """What fine-tuning for chat changed, and nothing else: the LoRA adapters and the rows of the token embedding
+    and of the output head from first_new on (the chat tokens), as detached copies."""
+    state = lora_state_dict(model)  # also checks that the model has adapters
+    check_int("first_new", first_new, minimum=1)
+    if first_new >= model.cfg.vocab_size:
+        raise ValueError(f"first_new is {first_new}, but the vocabulary has {model.cfg.vocab_size} tokens: pass the "
+                         "old vocabulary size")
+    for key, weight in zip(NEW_ROWS, (model.embedding.tok_emb.weight, model.out_head.weight)):
+        state[key] = weight[first_new:].detach().clone()  # (new tokens, emb_dim)
+    return state
+
+# %% ../notebooks/14_finetuning.ipynb #load-shakespeare-chat
+SHAKESPEARE_CHAT_DIR = DATA_DIR / "shakespeare_chat"  # written by course_lib/data/make_shakespeare_chat.py
+
+
+def load_shakespeare_chat(device: str | torch.device | None = None) -> tuple[GPTModel, ChatTokenizer]:
+    """The shipped Shakespeare model, grown by the chat tokens and given the shipped chat adapter (eval mode, on
+    `device`), and its ChatTokenizer. Only adapter.safetensors and chat.json are stored, not a second model."""
+    settings = json.loads((SHAKESPEARE_CHAT_DIR / "chat.json").read_text(encoding="utf-8"))
+    base, char_tokenizer = load_shakespeare_gpt(device)
+    model = grow_vocabulary(base, len(CHAT_TOKENS))
+    apply_lora(model, settings["targets"], settings["r"], settings["alpha"])
+    state = load_file(SHAKESPEARE_CHAT_DIR / "adapter.safetensors", device=str(model.out_head.weight.device))
+    rows = [state.pop(key) for key in NEW_ROWS]
+    load_lora_state_dict(model, state)
+    first_new = char_tokenizer.vocab_size
+    with torch.no_grad():
+        model.embedding.tok_emb.weight[first_new:] = rows[0]
+        model.out_head.weight[first_new:] = rows[1]
+    return model.eval(), ChatTokenizer(char_tokenizer)
