@@ -273,7 +273,9 @@ def play_passages(tokenizer: CharTokenizer, max_chars: int = 128, min_chars: int
         if texts and groups[-1] == label and len(texts[-1]) < min_chars:  # the open group needs more
             texts[-1] += "\n" + speech
         else:  # a new play, or the last group is long enough
-            texts.append(speech), groups.append(label), first.append(i)
+            texts.append(speech)
+            groups.append(label)
+            first.append(i)
     data = encode_passages(texts, groups, tokenizer, max_chars)
     data.source = torch.tensor(first)  # (n,): each passage's first speech, an index into play_speeches()
     parts = stratified_split(groups, fractions, seed)

@@ -12,6 +12,9 @@
 # %% [markdown]
 # ## 1. LoRA from scratch
 #
+# *By the end of this section you can write `LoRALinear`, put it in place of named layers with `apply_lora`, merge
+# it into the weights and out again, and save only the adapters.*
+#
 # **What you will build.** `LoRALinear`, a linear layer whose pretrained weight stays frozen while a small
 # low-rank correction learns; `apply_lora`, which puts it in place of the layers you name; `merge_lora` and
 # `unmerge_lora`, which fold the correction into the weight for inference and take it out again; and
@@ -424,6 +427,9 @@ with torch.no_grad():
 # %% [markdown]
 # ## 2. A classifier from a language model
 #
+# *By the end of this section you can turn the pretrained model into a classifier that reads its last position,
+# and compare a probe, full fine-tuning and LoRA against two baselines on a split with no speech in two parts.*
+#
 # **What you will build.** A model that reads a passage of Shakespeare and names the play it comes from. Its body
 # is the pretrained Shakespeare model of notebook 10; its output head, which scored the 65 possible next
 # characters, is replaced by a new linear layer that scores the seven plays. You will compare four ways to train it
@@ -566,7 +572,9 @@ def play_passages(tokenizer: CharTokenizer, max_chars: int = 128, min_chars: int
         if texts and groups[-1] == label and len(texts[-1]) < min_chars:  # the open group needs more
             texts[-1] += "\n" + speech
         else:  # a new play, or the last group is long enough
-            texts.append(speech), groups.append(label), first.append(i)
+            texts.append(speech)
+            groups.append(label)
+            first.append(i)
     data = encode_passages(texts, groups, tokenizer, max_chars)
     data.source = torch.tensor(first)  # (n,): each passage's first speech, an index into play_speeches()
     parts = stratified_split(groups, fractions, seed)
@@ -829,6 +837,9 @@ assert results["passages"] == {name: len(part) for name, part in splits.items()}
 # model pretrained on under a million characters has learned little that tells *Hamlet* from *Macbeth*.
 # %% [markdown]
 # ## 3. Instruction following
+#
+# *By the end of this section you can grow the vocabulary by chat tokens without changing the old model, train
+# on the responses only, measure exact match on held-out instructions, and chat until `<|end|>`.*
 #
 # **What you will build.** A chat format with three new tokens, `<|user|>`, `<|assistant|>` and `<|end|>`; the
 # model grown to know them, with every old weight kept; a loss that counts only the model's side of the
@@ -1325,6 +1336,7 @@ for k, (key, label) in enumerate([("base_plain", "base, plain prompt"), ("grown_
                                   ("fine_tuned", "fine-tuned")]):
     ax.bar([i + 0.27 * (k - 1) for i in range(len(tasks))], [acc[key][t] for t in tasks], width=0.27, label=label)
 ax.set_xticks(range(len(tasks)), tasks)
+ax.set_xlabel("instruction task")
 ax.set_ylabel("held-out exact match")
 ax.set_ylim(0, 1)
 ax.set_title(f"{card['instructions']['heldout']} held-out instructions, from text the model never trained on")
@@ -1483,8 +1495,16 @@ check_lora_linear(MyLoRALinear)
 # %% [markdown] id="summary-14"
 # ## Summary
 #
-# `course_lib.finetuning` gained the chat format (`CHAT_TOKENS`, `ChatTokenizer`, `format_chat`), vocabulary
-# growth that keeps the old model (`grow_vocabulary`, `train_new_rows`), the masked loss (`chat_batch`,
-# `chat_loss`, `IGNORE_INDEX`), an instruction set with checkable answers (`make_instructions`, `check_reply`),
-# replies that stop at `<|end|>` (`chat_reply`, `chat_loop`), and the shipped chat adapter
-# (`chat_state_dict`, `load_shakespeare_chat`).
+# `course_lib/finetuning.py` now holds:
+#
+# - LoRA: `LoRALinear` (a frozen layer plus $\frac{\alpha}{r} B A$, $B$ zero at the start) with `merge` and
+#   `unmerge`; `find_lora_targets`, `apply_lora`, `lora_layers`, `merge_lora`, `unmerge_lora`, `lora_state_dict` and
+#   `load_lora_state_dict`. Equal to PEFT's LoRA on the same layers (`tests/test_finetuning_lora.py`).
+# - The classifier: `play_speeches`, `stratified_split`, `Passages`, `encode_passages`, `play_passages` (the play of a
+#   passage, no speech in two splits), `BagOfChars`, `ClassifierGPT` (the last real position feeds the head),
+#   `train_classifier` and `accuracy`.
+# - Instruction following: the chat format (`CHAT_TOKENS`, `ChatTokenizer`, `format_chat`), vocabulary growth that
+#   keeps the old model (`grow_vocabulary`, `train_new_rows`), the loss on responses only (`chat_batch`, `chat_loss`,
+#   `IGNORE_INDEX`; equal to TRL's completion-only loss, `tests/test_finetuning_chat.py`), instructions with
+#   checkable answers (`make_instructions`, `check_reply`), replies that stop at `<|end|>` (`chat_reply`,
+#   `chat_loop`) and the shipped chat adapter (`chat_state_dict`, `load_shakespeare_chat`).
