@@ -78,7 +78,7 @@ class RunConfig:
     batch_tokens: int = 1024  # tokens per optimizer step, over all ranks and micro-batches
     micro_batch: int = 16  # rows per forward pass on one rank
     total_steps: int | None = None  # None: the preset's
-    dtype: str = "float32"  # or "bfloat16": autocast, float32 master weights
+    dtype: str = "float32"  # (TF32 products on CUDA) or "bfloat16": autocast, float32 master weights
     compile: bool = False
     checkpoint_every: int = 100
     log_every: int = 10  # steps between two reads of the loss by the host (each read waits for the GPU)
@@ -176,7 +176,7 @@ def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
         raise ValueError(f"{path} is not a pretraining checkpoint ({RUN_CHECKPOINT_FORMAT!r}): start a new out_dir")
     saved = payload["run"]
     differ = [f"{name} {saved[name]!r} (now {getattr(run, name)!r})" for name in
-              ("preset", "batch_tokens", "micro_batch", "total_steps", "seed", "dtype") if saved[name] != getattr(run, name)]
+              ("preset", "batch_tokens", "micro_batch", "total_steps", "seed", "dtype", "vocab_multiple") if saved[name] != getattr(run, name)]
     if payload["world_size"] != world_size:
         differ.append(f"world_size {payload['world_size']} (now {world_size})")
     if payload["model_config"] != asdict(model.cfg):
@@ -237,6 +237,7 @@ def padded_gpt(cfg: GPTConfig, vocab_multiple: int, device: torch.device | str =
 
 def real_vocab(model, vocab_size: int):
     "model's forward with the logits of padding rows cut off: token ids (batch, tokens) -> (batch, tokens, vocab_size)."
+    check_int("vocab_size", vocab_size, minimum=1)
     return lambda token_ids: model(token_ids)[..., :vocab_size]
 
 
@@ -307,10 +308,9 @@ def train_step(loss_fn, ddp, optimizer, loader: ShardLoader, accumulate: int, au
 
 
 # %% ../notebooks/13_scaling_up.ipynb #log-step
-def log_steps(history: dict, bar, pending: list, tokens_per_s: float, mfu: float) -> None:
-    """Record the steps in pending, (step, lr, loss tensor) each, with one read of their losses, and the throughput
+def log_steps(history: dict, bar, pending: list, losses: list[float], tokens_per_s: float, mfu: float) -> None:
+    """Record the steps in pending, (step, lr, loss tensor) each, with their losses read back, and the throughput
     and MFU of the interval they ran in; show the last on the bar."""
-    losses = torch.stack([loss for _, _, loss in pending]).tolist()  # one host read: waits for the GPU once
     for (step, lr, _), loss in zip(pending, losses):
         for key, value in zip(("step", "loss", "lr", "tokens_per_s", "mfu"), (step + 1, loss, lr, tokens_per_s, mfu)):
             history[key].append(value)
@@ -326,7 +326,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
         step, history = load_run(checkpoint, model, optimizer, run, world_size, loaders["train"], device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                   broadcast_buffers=False) if world_size > 1 else model  # buffers: constant masks
-    loss_fn = partial(batch_loss, real_vocab(ddp, vocab))  # the forward pass and the loss: one compiled graph
+    loss_fn = partial(batch_loss, real_vocab(ddp, vocab))  # forward and loss compiled together (DDP's hooks split it)
     loss_fn = torch.compile(loss_fn) if run.compile else loss_fn
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if run.dtype == "bfloat16" else nullcontext()
     flops = flops_per_token(model.cfg, sum(p.numel() for p in model.parameters()))
@@ -344,8 +344,9 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
         last = step + 1 == tcfg.total_steps
         evaluate, save = (step + 1) % tcfg.eval_every == 0 or last, (step + 1) % run.checkpoint_every == 0 or last
         if (step + 1) % run.log_every == 0 or evaluate or save:
-            tokens_per_s = run.batch_tokens * len(pending) / (time.perf_counter() - started)  # see log_steps: it waits
-            log_steps(history, bar, pending, tokens_per_s, tokens_per_s * mfu_per_token_s)
+            losses = torch.stack([loss for _, _, loss in pending]).tolist()  # one host read: waits for the GPU
+            tokens_per_s = run.batch_tokens * len(pending) / (time.perf_counter() - started)  # after the wait
+            log_steps(history, bar, pending, losses, tokens_per_s, tokens_per_s * mfu_per_token_s)
             if evaluate:
                 history["eval_step"].append(step + 1)
                 history["val_loss"].append(evaluate_shards(model, loaders["val"], tcfg.eval_batches, world_size,
@@ -364,7 +365,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
 def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size: int, autocast, device,
                     vocab_size: int | None = None) -> float:
     """Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks;
-    vocab_size: the data's, where the model's vocabulary is padded (None: the model's own)."""
+    vocab_size: the data's; pass it for a model with a padded vocabulary (None: all the model's logits count)."""
     check_int("steps", steps, minimum=1)  # 0 batches have no mean loss
     model.eval()
     saved = loader.state_dict()

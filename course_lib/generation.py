@@ -317,8 +317,8 @@ class GraphedGreedyDecoder:
 
     def __init__(self, model: GPTModel, capacity: int, batch: int = 1, compile: bool | str = False):
         check_type("model", model, GPTModel, "build one with GPTModel(cfg)")
-        check_number("capacity", capacity, 2, model.cfg.context_length, why="it counts the prompt and the new tokens, "
-                     "at least 2 and at most the model's context_length")
+        check_int("capacity", capacity, minimum=2)  # the prompt and the new tokens
+        check_number("capacity", capacity, 2, model.cfg.context_length, why="no position past the model's context")
         check_int("batch", batch, minimum=1)
         if not (isinstance(compile, bool) or compile == "max-autotune-no-cudagraphs"):  # other modes bring graphs
             raise ValueError(f"compile must be False, True or 'max-autotune-no-cudagraphs', got {compile!r}")
@@ -333,6 +333,7 @@ class GraphedGreedyDecoder:
         mode = compile if isinstance(compile, str) else None
         self.step = torch.compile(self._step, fullgraph=True, mode=mode) if compile else self._step
         self.graph = None  # on a GPU: recorded by the first generate
+        self.weights = [(p.data_ptr(), p.dtype) for p in model.parameters()]  # what the caches and graph were built for
 
     def _step(self) -> None:
         ids = self.tokens.index_select(1, self.position)  # (batch, 1): index_select, not [], reads no number back
@@ -353,15 +354,16 @@ class GraphedGreedyDecoder:
 def capture(self: GraphedGreedyDecoder, warmups: int = 3) -> None:
     """Record one step in a CUDA graph (self.graph), after `warmups` runs on a side stream."""
     check_int("warmups", warmups, minimum=1)  # torch.compile compiles in the first run: never inside a recording
-    side = torch.cuda.Stream(self.tokens.device)
-    side.wait_stream(torch.cuda.current_stream(self.tokens.device))
-    with torch.no_grad(), eval_mode(self.model), torch.cuda.stream(side):
+    device = self.tokens.device
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.no_grad(), eval_mode(self.model), torch.cuda.device(device), torch.cuda.stream(side):
         for _ in range(warmups):
             self.position.zero_()
             self.step()
-    torch.cuda.current_stream(self.tokens.device).wait_stream(side)
+    torch.cuda.current_stream(device).wait_stream(side)
     self.graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), eval_mode(self.model), torch.cuda.graph(self.graph):
+    with torch.no_grad(), eval_mode(self.model), torch.cuda.device(device), torch.cuda.graph(self.graph):
         self.step()
 
 
@@ -376,7 +378,11 @@ def generate(self: GraphedGreedyDecoder, token_ids: Tensor, max_new_tokens: int)
     if token_ids.shape[0] != batch or prompt + max_new_tokens > capacity:
         raise ValueError(f"this decoder holds {batch} row(s) of up to {capacity} tokens; token_ids has "
                          f"{token_ids.shape[0]} row(s) of {prompt} tokens + max_new_tokens {max_new_tokens}: build a "
-                         f"GraphedGreedyDecoder(model, capacity={prompt + max_new_tokens}, batch={token_ids.shape[0]})")
+                         f"GraphedGreedyDecoder(model, capacity={prompt + max_new_tokens}, batch={token_ids.shape[0]})"
+                         f" (at most the model's context_length, {self.model.cfg.context_length})")
+    if [(p.data_ptr(), p.dtype) for p in self.model.parameters()] != self.weights:  # a graph would read freed memory
+        raise RuntimeError("the model's weights were moved, converted or replaced since this decoder was built: build "
+                           "a new GraphedGreedyDecoder for the model as it is now")
     if self.tokens.is_cuda and self.graph is None:
         self.capture()
     self.tokens[:, :prompt] = token_ids

@@ -864,3 +864,24 @@ def test_a_cuda_run_pins_batches_and_fuses_adamw(char_data, tmp_path):
     history = pretrain(run_config(char_data, tmp_path / "cuda", device="cuda", log_every=3), progress=False)
     assert torch.get_float32_matmul_precision() == before and len(history["loss"]) == 7
     assert load_checkpoint(tmp_path / "cuda")["optimizer"]["param_groups"][0]["fused"] is True
+
+
+def test_the_throughput_counts_the_wait_for_the_device(char_data, tmp_path, monkeypatch):
+    """The clock stops after the interval's losses are read back, the one place the host waits for a GPU: a read
+    that takes 0.5 s (a stand-in for a GPU finishing its queue) must show in tokens/s."""
+    import time as time_module
+    real_tolist = torch.Tensor.tolist
+
+    def slow_tolist(self):
+        time_module.sleep(0.5)
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", slow_tolist)
+    history = pretrain(run_config(char_data, tmp_path / "slow", total_steps=4, log_every=2), progress=False)
+    assert max(history["tokens_per_s"]) < 2 * 1024 / 0.5  # 2 steps of 1,024 tokens per interval of >= 0.5 s
+
+
+def test_a_padded_run_is_resumed_only_with_the_same_padding(char_data, tmp_path):
+    pretrain(run_config(char_data, tmp_path / "run", total_steps=2, vocab_multiple=128), progress=False)
+    with pytest.raises(ValueError, match="vocab_multiple 128 \\(now 1\\)"):
+        pretrain(run_config(char_data, tmp_path / "run", total_steps=2), progress=False)

@@ -600,3 +600,24 @@ def test_the_cuda_graph_replays_generates_tokens(compile):
     assert isinstance(graph, torch.cuda.CUDAGraph)
     assert torch.equal(decoder.generate(ids[:, :2], 20), generate(gpu_model, ids[:, :2], 20))
     assert decoder.graph is graph
+
+
+def test_a_decoder_refuses_a_model_changed_under_it():
+    """The caches (and on a GPU the graph) point at the weights the decoder was built for: a model converted or moved
+    afterwards is refused with a clear error instead of decoding from freed memory."""
+    changed = GPTModel(GPTConfig(vocab_size=97, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0))
+    decoder = GraphedGreedyDecoder(changed, capacity=16)
+    changed.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="build a new GraphedGreedyDecoder"):
+        decoder.generate(torch.zeros(1, 2, dtype=torch.long), 3)
+
+
+@pytest.mark.parametrize("capacity,error", [(8.0, TypeError), (8.5, TypeError)])
+def test_a_decoder_capacity_must_be_a_whole_number(model, capacity, error):
+    with pytest.raises(error, match="capacity"):
+        GraphedGreedyDecoder(model, capacity=capacity)
+
+
+def test_a_prompt_too_long_for_the_context_says_so(model):
+    with pytest.raises(ValueError, match="at most the model's context_length, 16"):
+        GraphedGreedyDecoder(model, capacity=16).generate(torch.zeros(1, 10, dtype=torch.long), 10)
