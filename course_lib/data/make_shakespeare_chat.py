@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 from course_lib.finetuning import (CHAT_TOKENS, INSTRUCTION_TASKS, ChatTokenizer, apply_lora, chat_batch, chat_loss,
                                    chat_reply, chat_state_dict, check_reply, grow_vocabulary, make_instructions,
                                    train_new_rows)
+from course_lib.data.make_shakespeare_gpt import cpu_name, sha256  # the shipped model's card helpers
 from course_lib.generation import generate
 from course_lib.pretrained import SHAKESPEARE_GPT_DIR, load_shakespeare_gpt
 from course_lib.training import TrainConfig, load_shakespeare, lr_at
@@ -84,17 +85,6 @@ def accuracy(examples, replies):
     table = {task: sum(ok for e, ok in zip(examples, right) if e["task"] == task) /
              sum(e["task"] == task for e in examples) for task in INSTRUCTION_TASKS}
     return {**table, "all": sum(right) / len(right)}
-
-
-def cpu_name():
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def sha256(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def fine_tune(model, tokenizer, train, recipe):
