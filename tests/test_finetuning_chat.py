@@ -49,7 +49,7 @@ def grown(shipped_base):
 
 
 # ------------------------------------------------------------------ the vocabulary grows, the old model stays
-def test_growing_keeps_old_rows_and_old_logits_bit_for_bit(shipped_base, grown):
+def test_growing_keeps_old_rows_bit_for_bit_and_old_logits_to_rounding(shipped_base, grown):
     base, char_tokenizer = shipped_base
     model, tokenizer = grown
     assert model.cfg.vocab_size == 68 and tokenizer.vocab_size == 68 and base.cfg.vocab_size == 65
@@ -60,7 +60,7 @@ def test_growing_keeps_old_rows_and_old_logits_bit_for_bit(shipped_base, grown):
     ids = torch.tensor([char_tokenizer.encode(load_shakespeare()[-128:])])  # (1, 128) of validation text
     with torch.no_grad():
         old_logits, new_logits = base(ids), model(ids)
-    assert torch.equal(new_logits[..., :65], old_logits), "the old tokens' logits change on old text"
+    assert torch.allclose(new_logits[..., :65], old_logits, atol=1e-5), "the old tokens' logits change on old text"
     mean_logit = old_logits.mean(dim=-1)  # a new token's logit is the mean of the old logits
     assert (new_logits[..., 65:] - mean_logit.unsqueeze(-1)).abs().max() < 1e-4
 
