@@ -308,9 +308,12 @@ def train_step(loss_fn, ddp, optimizer, loader: ShardLoader, accumulate: int, au
 
 
 # %% ../notebooks/13_scaling_up.ipynb #log-step
-def log_steps(history: dict, bar, pending: list, losses: list[float], tokens_per_s: float, mfu: float) -> None:
-    """Record the steps in pending, (step, lr, loss tensor) each, with their losses read back, and the throughput
-    and MFU of the interval they ran in; show the last on the bar."""
+def log_steps(history: dict, bar, pending: list, batch_tokens: int, started: float, mfu_per_token_s: float) -> None:
+    """Read the losses of the steps in pending, (step, lr, loss tensor) each, in one go, then time the interval
+    since `started`; record every step with the interval's throughput and MFU, and show the last on the bar."""
+    losses = torch.stack([loss for _, _, loss in pending]).tolist()  # the host's one wait for the GPU
+    tokens_per_s = batch_tokens * len(pending) / (time.perf_counter() - started)  # after the wait: all work counted
+    mfu = tokens_per_s * mfu_per_token_s
     for (step, lr, _), loss in zip(pending, losses):
         for key, value in zip(("step", "loss", "lr", "tokens_per_s", "mfu"), (step + 1, loss, lr, tokens_per_s, mfu)):
             history[key].append(value)
@@ -344,9 +347,7 @@ def _train(run: RunConfig, rank: int, world_size: int, device: torch.device, pro
         last = step + 1 == tcfg.total_steps
         evaluate, save = (step + 1) % tcfg.eval_every == 0 or last, (step + 1) % run.checkpoint_every == 0 or last
         if (step + 1) % run.log_every == 0 or evaluate or save:
-            losses = torch.stack([loss for _, _, loss in pending]).tolist()  # one host read: waits for the GPU
-            tokens_per_s = run.batch_tokens * len(pending) / (time.perf_counter() - started)  # after the wait
-            log_steps(history, bar, pending, losses, tokens_per_s, tokens_per_s * mfu_per_token_s)
+            log_steps(history, bar, pending, run.batch_tokens, started, mfu_per_token_s)  # waits for the GPU
             if evaluate:
                 history["eval_step"].append(step + 1)
                 history["val_loss"].append(evaluate_shards(model, loaders["val"], tcfg.eval_batches, world_size,
