@@ -3,7 +3,7 @@ only the response and equals TRL's completion-only loss on the same batch, the c
 instruction set is held out by construction, the shipped adapter matches its card, and the doors."""
 
 import hashlib
-import importlib.util
+import importlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -23,17 +23,14 @@ from course_lib.tokenization import CharTokenizer
 from course_lib.training import TrainConfig, load_shakespeare
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "course_lib" / "data" / "make_shakespeare_chat.py"
 PAIRS = [("Upper case:\nGood morrow, father.", "GOOD MORROW, FATHER."), ("Last word:\nIs it near day?", "day"),
          ("Who speaks second?\nROMEO:\nGood morrow.\n\nJULIET:\nIs it near day?", "JULIET"),
          ("Speak as HAMLET.", "HAMLET:\nTo be, or not to be.")]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("make_shakespeare_chat", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The chat adapter's script as a module (course_lib/data holds scripts, read as a namespace package)."""
+    return importlib.import_module("course_lib.data.make_shakespeare_chat")
 
 
 @pytest.fixture(scope="module")
