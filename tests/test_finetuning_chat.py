@@ -6,7 +6,6 @@ import hashlib
 import importlib
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from course_lib.pretrained import load_shakespeare_gpt, save_gpt2
 from course_lib.tokenization import CharTokenizer
 from course_lib.training import TrainConfig, load_shakespeare
 
-ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [("Upper case:\nGood morrow, father.", "GOOD MORROW, FATHER."), ("Last word:\nIs it near day?", "day"),
          ("Who speaks second?\nROMEO:\nGood morrow.\n\nJULIET:\nIs it near day?", "JULIET"),
          ("Speak as HAMLET.", "HAMLET:\nTo be, or not to be.")]
