@@ -44,18 +44,22 @@ class GPTModel(nn.Module):
 
 # %% ../notebooks/07_gpt_model.ipynb #init-gpt2-weights
 @torch.no_grad()
-def init_gpt2_weights(model: GPTModel) -> None:
-    """GPT-2's initialisation: weights ~ N(0, 0.02), biases 0, LayerNorm scale 1 and shift 0; the two
+def init_gpt2_weights(model: nn.Module) -> None:
+    """GPT-2's initialisation: weights ~ N(0, 0.02), biases 0, norm scales 1 and shifts 0; the two
     projections that write into the shortcut path get std 0.02 / sqrt(2 * n_layers), so the sum of
-    2 * n_layers residual updates keeps roughly the variance of one."""
-    check_type("model", model, GPTModel, "build one with GPTModel(cfg), which calls init_gpt2_weights itself")
+    2 * n_layers residual updates keeps roughly the variance of one. Any model with GPTModel's layout and a
+    GPTConfig takes it (notebook 16's ModernGPT does)."""
+    if not (isinstance(model, nn.Module) and isinstance(getattr(model, "cfg", None), GPTConfig)):
+        raise TypeError(f"model must be a GPTModel (or a model with its layout and a GPTConfig), got "
+                        f"{type(model).__name__}: build one with GPTModel(cfg), which calls init_gpt2_weights itself")
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        if isinstance(module, LayerNorm):
+        if isinstance(getattr(module, "scale", None), nn.Parameter):  # a norm's gain (LayerNorm's, RMSNorm's)
             nn.init.ones_(module.scale)
+        if isinstance(getattr(module, "shift", None), nn.Parameter):  # LayerNorm's offset
             nn.init.zeros_(module.shift)
     residual_std = 0.02 / math.sqrt(2 * model.cfg.n_layers)
     for block in model.trf_blocks:
