@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from .config import GPTConfig
 from .guards import check_int, check_number, check_token_tensor, check_type
 from .model import GPTModel
 from .pretrained import save_gpt2
@@ -22,8 +23,11 @@ from .tokenization import CharTokenizer
 
 # %% ../notebooks/12_interpretability.ipynb #166ebcea
 def hook_points(model: GPTModel) -> dict[str, tuple[nn.Module, str]]:
-    "name -> (module, where): the module's 'input' or 'output', its attention 'pattern', or its heads' 'z'."
-    check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model): its hook points name its parts")
+    """name -> (module, where): the module's 'input' or 'output', its attention 'pattern', or its heads' 'z'. Any
+    model with GPTModel's layout and a GPTConfig has them (notebook 16's ModernGPT does)."""
+    if not (isinstance(model, nn.Module) and isinstance(getattr(model, "cfg", None), GPTConfig)):
+        raise TypeError(f"model must be a GPTModel (course_lib.model) or a model with its layout, got "
+                        f"{type(model).__name__}: its hook points name its parts")
     points = {"embed": (model.embedding, "output")}
     for i, block in enumerate(model.trf_blocks):
         points |= {f"blocks.{i}.resid_pre": (block, "input"),

@@ -15,6 +15,7 @@ from .finetuning import check_lora_linear
 from .generation import check_greedy_decoding, check_temperature, check_top_k, check_top_p
 from .interpretability import check_induction_score, check_logit_lens
 from .model import check_gpt_model
+from .modern import check_grouped_query_attention, check_rms_norm, check_rotary_attention
 from .normalization import check_layernorm
 from .tokenization import check_bpe_encode, check_count_pairs, check_merge_pair
 from .training import check_next_token_loss, check_perplexity
@@ -34,4 +35,5 @@ __all__ = [
     "check_beam_search",  # 11 decoding
     "check_induction_score", "check_logit_lens",  # 12 interpretability
     "check_lora_linear",  # 14 finetuning
+    "check_rms_norm", "check_rotary_attention", "check_grouped_query_attention",  # 16 modern llm
 ]

@@ -1,0 +1,84 @@
+"""Not a lesson: the runs behind notebook 16's table "what each change buys" (modern_ablation.json).
+
+Every run trains notebook 09's character model shape (65 characters, context 64, emb_dim 96, 4 heads, 3 layers, no
+dropout) with notebook 09's schedule (1,100 steps of 16 windows, max_lr 6e-3 falling to 6e-4), from a seed, on one
+thread, and measures the validation loss on 64 fixed batches and the training tokens per second. The baseline is
+GPT-2 as it was (biases, tied head, LayerNorm, learned positions, GELU); each variant changes one thing; "modern"
+changes them all; two runs train with Muon instead of AdamW. The JSON is rewritten after every run, and a run already
+in it is not run again, so a stopped job resumes where it stopped.
+
+    python -m course_lib.data.make_modern_ablation --seeds 0 1 2 --workers 2
+"""
+
+import argparse
+import json
+import multiprocessing
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from course_lib.modern import ModernConfig, train_variant
+from course_lib.tokenization import CharTokenizer
+from course_lib.training import TrainConfig, load_shakespeare, split_by_position
+
+OUT = Path(__file__).with_name("modern_ablation.json")
+SHAPE = dict(vocab_size=65, context_length=64, emb_dim=96, n_heads=4, n_layers=3, drop_rate=0.0)
+TCFG = dict(total_steps=1100, batch_size=16, max_lr=6e-3, min_lr=6e-4, warmup_steps=50, eval_every=1100,
+            eval_batches=8)
+MODERN = dict(norm="rms", positions="rotary", ffn="swiglu", n_kv_heads=2, qk_norm=True, qkv_bias=False, bias=False,
+              tie_weights=False)
+VARIANTS = {  # name -> (what changes from GPT-2, optimizer)
+    "GPT-2 (baseline)": ({}, "adamw"),
+    "RMSNorm": (dict(norm="rms"), "adamw"),
+    "rotary positions": (dict(positions="rotary"), "adamw"),
+    "SwiGLU (same parameters)": (dict(ffn="swiglu"), "adamw"),
+    "grouped-query attention (2 kv heads)": (dict(n_kv_heads=2), "adamw"),
+    "QK-norm": (dict(qk_norm=True), "adamw"),
+    "no biases": (dict(qkv_bias=False, bias=False), "adamw"),
+    "untied head": (dict(tie_weights=False), "adamw"),
+    "all of the above (modern)": (MODERN, "adamw"),
+    "GPT-2 + Muon": ({}, "muon"),
+    "modern + Muon": (MODERN, "muon"),
+}
+
+
+def one_run(job: tuple[str, int]) -> tuple[str, int, dict]:
+    name, seed = job
+    torch.set_num_threads(1)
+    text = load_shakespeare()
+    ids = torch.tensor(CharTokenizer.from_text(text).encode(text))
+    train_data, val_data = split_by_position(ids, 0.1)
+    change, optimizer = VARIANTS[name]
+    cfg = ModernConfig(**SHAPE, **change)
+    _, result = train_variant(cfg, train_data, val_data, TrainConfig(**TCFG), seed, optimizer)
+    return name, seed, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=2, help="runs at once, one thread each")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    table = json.loads(args.out.read_text()) if args.out.exists() else {}
+    table.update(command="python -m course_lib.data.make_modern_ablation " + " ".join(sys.argv[1:]),
+                 machine=f"{platform.processor() or platform.machine()}, {multiprocessing.cpu_count()} cores, "
+                         f"{args.workers} runs at once, 1 thread each",
+                 torch=torch.__version__, shape=SHAPE, train=TCFG, changes={n: c for n, (c, _) in VARIANTS.items()},
+                 optimizers={n: o for n, (_, o) in VARIANTS.items()})
+    runs = table.setdefault("runs", {})
+    jobs = [(name, seed) for seed in args.seeds for name in VARIANTS if str(seed) not in runs.get(name, {})]
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        for name, seed, result in pool.imap_unordered(one_run, jobs):
+            runs.setdefault(name, {})[str(seed)] = result
+            table["date"] = time.strftime("%Y-%m-%d")
+            args.out.write_text(json.dumps(table, indent=1) + "\n")
+            print(f"{name:40s} seed {seed}: val {result['val_loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
