@@ -7,22 +7,29 @@ GPT-2 as it was (biases, tied head, LayerNorm, learned positions, GELU); each va
 changes them all; two runs train with Muon instead of AdamW. The JSON is rewritten after every run, and a run already
 in it is not run again, so a stopped job resumes where it stopped.
 
+The runs' own tokens/s depend on what else the machine did meanwhile; --speed measures speed apart: one process, one
+thread, every variant trained for --speed-steps steps per round, the variants interleaved within each round, and
+the median over --rounds rounds kept. Run it with nothing else on the machine.
+
     python -m course_lib.data.make_modern_ablation --seeds 0 1 2 --workers 2
+    python -m course_lib.data.make_modern_ablation --speed --rounds 5
 """
 
 import argparse
 import json
 import multiprocessing
+import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from course_lib.modern import ModernConfig, train_variant
+from course_lib.modern import ModernConfig, ModernGPT, make_muon, train_variant
 from course_lib.tokenization import CharTokenizer
-from course_lib.training import TrainConfig, load_shakespeare, split_by_position
+from course_lib.training import TrainConfig, load_shakespeare, make_optimizer, split_by_position, train
 
 OUT = Path(__file__).with_name("modern_ablation.json")
 SHAPE = dict(vocab_size=65, context_length=64, emb_dim=96, n_heads=4, n_layers=3, drop_rate=0.0)
@@ -57,13 +64,48 @@ def one_run(job: tuple[str, int]) -> tuple[str, int, dict]:
     return name, seed, result
 
 
+def measure_speed(rounds: int, steps: int) -> dict:
+    """Median training tokens/s of every variant: `rounds` rounds, each training every variant for `steps` steps."""
+    torch.set_num_threads(1)
+    text = load_shakespeare()
+    train_data, val_data = split_by_position(torch.tensor(CharTokenizer.from_text(text).encode(text)), 0.1)
+    tcfg = TrainConfig(**TCFG | dict(total_steps=steps, warmup_steps=1, eval_every=steps, eval_batches=1))
+    runs = {}
+    for name, (change, optimizer) in VARIANTS.items():
+        torch.manual_seed(0)
+        model = ModernGPT(ModernConfig(**SHAPE, **change))
+        runs[name] = (model, make_optimizer(model, tcfg) if optimizer == "adamw" else make_muon(model, tcfg), [])
+    for _ in range(rounds):
+        for name, (model, optimizer, speeds) in runs.items():
+            history = train(model, optimizer, train_data, val_data, tcfg, torch.Generator().manual_seed(0),
+                            progress=False)
+            speeds.append(steps * tcfg.batch_size * SHAPE["context_length"] / history["seconds"])
+    return {name: {"median_tokens_per_s": statistics.median(speeds), "rounds": speeds}
+            for name, (_, _, speeds) in runs.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=2, help="runs at once, one thread each")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--speed", action="store_true", help="measure every variant's speed instead (see above)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--speed-steps", type=int, default=60)
     args = parser.parse_args()
     table = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if args.speed:
+        load_before = os.getloadavg()[0]
+        table["speed"] = measure_speed(args.rounds, args.speed_steps)
+        table["speed_measured"] = {
+            "command": "python -m course_lib.data.make_modern_ablation " + " ".join(sys.argv[1:]),
+            "machine": f"{platform.processor() or platform.machine()}, {multiprocessing.cpu_count()} cores, one "
+                       "process, 1 thread", "date": time.strftime("%Y-%m-%d"),
+            "load_average_before_after": [load_before, os.getloadavg()[0]]}
+        args.out.write_text(json.dumps(table, indent=1) + "\n")
+        for name, speed in table["speed"].items():
+            print(f"{name:40s} {speed['median_tokens_per_s']:,.0f} tokens/s", flush=True)
+        return
     table.update(command="python -m course_lib.data.make_modern_ablation " + " ".join(sys.argv[1:]),
                  machine=f"{platform.processor() or platform.machine()}, {multiprocessing.cpu_count()} cores, "
                          f"{args.workers} runs at once, 1 thread each",
