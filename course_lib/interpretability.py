@@ -53,6 +53,10 @@ def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tens
         return module.register_forward_hook(lambda m, args, out: edit(name, out))
     if where == "pattern":  # the kernel never forms the weights: compute them beside it, to record only
         def pattern(m, args, out):
+            if len(args) > 2 and (args[-2] is not None or args[-1] is not None):  # (x, ..., kv_cache, may_attend)
+                raise ValueError(f"{name} is recorded for a plain pass over whole sequences: the layer was called "
+                                 "with a KV cache or a padding mask, which attention_weights does not see; call the "
+                                 "model on the token ids alone, as run_with_cache does")
             edit(name, m.attention_weights(args[0]))
         return module.register_forward_hook(pattern)
 

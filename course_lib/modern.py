@@ -27,7 +27,7 @@ from .embeddings import GPTEmbedding
 from .feedforward import FeedForward
 from .generation import check_forward_args
 from .guards import as_device, check_attention_mask, check_bool, check_int, check_number, check_type
-from .model import init_gpt2_weights
+from .model import GPTModel, init_gpt2_weights
 from .normalization import LayerNorm
 from .pretrained import folder_files
 from .training import TrainConfig, evaluate, make_optimizer, train
@@ -94,7 +94,9 @@ class ModernConfig(GPTConfig):
 # %% ../notebooks/16_modern_llm.ipynb #rms-norm
 class RMSNorm(nn.Module):
     """Root-mean-square normalisation over the last dimension, as Llama and Qwen3 use it: each vector is divided by
-    the root of its mean square (eps inside the root), in float32 or wider, cast back, then multiplied by `scale`."""
+    the root of its mean square (eps inside the root), in float32 or wider, cast back, then multiplied by `scale`.
+    As in Hugging Face's, a float32 norm given bfloat16 input returns float32 (the product with `scale` promotes);
+    a model converted as a whole keeps its dtype."""
 
     def __init__(self, emb_dim: int, eps: float = 1e-6):
         super().__init__()
@@ -289,9 +291,7 @@ class ModernGPT(nn.Module):
         if cfg.tie_weights:
             self.out_head.weight = self.embedding.tok_emb.weight
 
-    def new_kv_caches(self) -> list[KVCache]:
-        """One empty KVCache per block, to pass to forward(..., kv_caches=...)."""
-        return [KVCache() for _ in self.trf_blocks]
+    new_kv_caches = GPTModel.new_kv_caches  # notebook 08's: one empty KVCache per block in trf_blocks
 
 # %% ../notebooks/16_modern_llm.ipynb #modern-forward
 @patch
@@ -380,8 +380,8 @@ def load_modern(path: str | Path, device: str | torch.device | None = None) -> M
             raise ValueError(f"{weights_file} is not a readable safetensors file ({error}): save or download it "
                              "again") from error
     names = modern_name_map(cfg)
-    if cfg.tie_weights and "lm_head.weight" in hf_state:  # some tied checkpoints store the head a second time
-        if not torch.equal(hf_state.pop("lm_head.weight"), hf_state.get("model.embed_tokens.weight")):
+    if cfg.tie_weights and {"lm_head.weight", "model.embed_tokens.weight"} <= hf_state.keys():  # a tied head stored
+        if not torch.equal(hf_state.pop("lm_head.weight"), hf_state["model.embed_tokens.weight"]):  # a second time
             raise ValueError(f"{config_file} says tie_word_embeddings, but lm_head.weight differs from the embedding: "
                              "set tie_word_embeddings to false in config.json to load the two matrices")
     missing, unknown = sorted(names.keys() - hf_state.keys()), sorted(hf_state.keys() - names.keys())
@@ -424,6 +424,10 @@ class Muon(torch.optim.Optimizer):
         check_number("lr", lr, 0, math.inf, low_open=True, high_open=True)
         check_number("momentum", momentum, 0, 1, high_open=True)
         check_int("ns_steps", ns_steps, minimum=1)
+        if not (isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups)
+                and any(g.get("muon") for g in groups)):
+            raise ValueError("groups must be a list of parameter groups (dicts), at least one of them with muon=True "
+                             "(without one, every parameter would get AdamW): build them with make_muon(model, tcfg)")
         super().__init__(groups, dict(lr=lr, momentum=momentum, betas=betas, eps=eps, weight_decay=weight_decay,
                                       ns_steps=ns_steps, muon=False))
         for group in self.param_groups:
@@ -447,7 +451,9 @@ def step(self: Muon, closure=None):
             state, grad = self.state[p], p.grad
             p.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay, as AdamW
             if group["muon"]:
-                momentum = state.setdefault("momentum", torch.zeros_like(p))
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(p)
+                momentum = state["momentum"]
                 momentum.lerp_(grad, 1 - beta)  # momentum = beta momentum + (1 - beta) grad
                 update = orthogonalize(grad.lerp(momentum, beta), group["ns_steps"])  # Nesterov: a look ahead
                 p.add_(update, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))

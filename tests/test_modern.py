@@ -366,7 +366,9 @@ def test_muon_other_groups_equal_adamw():
     torch.manual_seed(0)
     w, b = torch.randn(12, 20), torch.randn(20)
     ours_w, ours_b, ref_w, ref_b = (torch.nn.Parameter(t.clone()) for t in (w, b, w, b))
-    ours = Muon([{"params": [ours_w]}, {"params": [ours_b], "weight_decay": 0.0}], lr=0.01, weight_decay=0.1)
+    idle = torch.nn.Parameter(torch.zeros(2, 2))  # a Muon group is required; without a gradient it is skipped
+    ours = Muon([{"params": [idle], "muon": True}, {"params": [ours_w]}, {"params": [ours_b], "weight_decay": 0.0}],
+                lr=0.01, weight_decay=0.1)
     ref = torch.optim.AdamW([{"params": [ref_w]}, {"params": [ref_b], "weight_decay": 0.0}], lr=0.01,
                             betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False)
     for gw, gb in zip(grads_for(w.shape), grads_for(b.shape)):
@@ -560,3 +562,67 @@ def test_train_variant_rejects_an_unknown_optimizer():
 def test_kv_cache_bytes_rejects_a_gpt_config():
     with pytest.raises(TypeError, match="cfg must be a ModernConfig"):
         kv_cache_bytes(GPTConfig(), 10)
+
+
+# %% Added after the review of issue 34: the pattern hook, Muon's groups and closure, a tied head stored twice
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "modern"])
+def test_the_pattern_hook_refuses_a_cache_or_a_padding_mask(kind):
+    """attention_weights sees only x: under a cache or a mask it would record a pattern the layer did not use."""
+    from course_lib.interpretability import hooked
+    torch.manual_seed(0)
+    cfg = small(**(MODERN if kind == "modern" else {}))
+    model = (ModernGPT(cfg) if kind == "modern" else GPTModel(GPTConfig(**{f.name: getattr(cfg, f.name)
+                                                                          for f in fields(GPTConfig)}))).eval()
+    ids, mask = left_pad([[1, 2, 3], [4, 5]], pad_id=0)
+    for call in (lambda: model(ids, attention_mask=mask), lambda: model(ids[:, :2], kv_caches=model.new_kv_caches())):
+        with hooked(model, ["blocks.0.attn.pattern"], lambda name, a: a), torch.no_grad():
+            with pytest.raises(ValueError, match="KV cache or a padding mask"):
+                call()
+    with hooked(model, ["blocks.0.attn.pattern"], lambda name, a: a), torch.no_grad():
+        model(ids)  # a plain pass is recorded as before
+
+
+def test_muon_refuses_groups_without_a_muon_group():
+    params = [torch.nn.Parameter(torch.zeros(3, 4))]
+    with pytest.raises(ValueError, match="at least one of them with muon=True"):
+        Muon([{"params": params}], lr=0.01)
+    with pytest.raises(ValueError, match="list of parameter groups"):
+        Muon(params, lr=0.01)
+
+
+def test_muon_step_calls_and_returns_the_closure():
+    weight = torch.nn.Parameter(torch.randn(4, 6))
+    optimizer = Muon([{"params": [weight], "muon": True}], lr=0.01)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = (weight ** 2).sum()
+        loss.backward()
+        return loss
+
+    before = weight.detach().clone()
+    loss = optimizer.step(closure)
+    assert torch.equal(loss, (before ** 2).sum()) and not torch.equal(weight, before)
+
+
+def test_load_modern_takes_a_tied_head_stored_twice_only_when_equal(tmp_path):
+    hf = hf_model("llama_tied_mqa")
+    hf.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+    save_file(state, tmp_path / "model.safetensors")
+    ids = ids_for()
+    with torch.no_grad():
+        assert (load_modern(tmp_path)(ids) - hf(ids).logits).abs().max() < 1e-5
+    state["lm_head.weight"] = state["lm_head.weight"] + 1
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="tie_word_embeddings, but lm_head.weight differs from the embedding"):
+        load_modern(tmp_path)
+
+
+def test_modern_gpt_shares_gpt_models_new_kv_caches():
+    assert ModernGPT.new_kv_caches is GPTModel.new_kv_caches
+    caches = ModernGPT(small()).new_kv_caches()
+    assert len(caches) == 2 and all(len(cache) == 0 for cache in caches)
