@@ -626,3 +626,46 @@ def test_modern_gpt_shares_gpt_models_new_kv_caches():
     assert ModernGPT.new_kv_caches is GPTModel.new_kv_caches
     caches = ModernGPT(small()).new_kv_caches()
     assert len(caches) == 2 and all(len(cache) == 0 for cache in caches)
+
+
+# %% On a GPU (skipped without one): the same model, loader, generation and optimizer on CUDA
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@CUDA
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_cuda_load_modern_equals_hugging_face_and_generates_its_tokens(tmp_path, variant):
+    hf = hf_model(variant)
+    hf.save_pretrained(tmp_path)
+    hf = hf.to("cuda")
+    model = load_modern(tmp_path, device="cuda")
+    assert model.out_head.weight.is_cuda
+    ids = ids_for().to("cuda")
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() < 1e-4
+    prompt = ids[:1, :5]
+    assert torch.equal(generate(model, prompt, 20), hf.generate(prompt, max_new_tokens=20, do_sample=False))
+    half = model.to(torch.bfloat16)
+    with torch.no_grad():
+        assert half(ids).dtype == torch.bfloat16
+
+
+@CUDA
+def test_cuda_left_padding_and_muon():
+    torch.manual_seed(0)
+    model = ModernGPT(small(**MODERN, n_kv_heads=2)).to("cuda").eval()
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    ids, mask = left_pad(prompts, pad_id=0, device="cuda")
+    batched = generate_tokens(model, ids, 8, attention_mask=mask)[:, ids.shape[1]:]
+    for row, prompt in zip(batched, prompts):
+        assert torch.equal(row, generate_tokens(model, torch.tensor([prompt], device="cuda"), 8)[0, len(prompt):])
+    weight = torch.randn(16, 40, device="cuda")
+    ours, theirs = torch.nn.Parameter(weight.clone()), torch.nn.Parameter(weight.clone())
+    mine = Muon([{"params": [ours], "muon": True}], lr=0.01)
+    reference = torch.optim.Muon([theirs], lr=0.01, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for grad in grads_for((16, 40)):
+        ours.grad, theirs.grad = grad.to("cuda"), grad.to("cuda").clone()
+        mine.step()
+        reference.step()
+    assert torch.allclose(ours, theirs, atol=1e-6)
