@@ -685,3 +685,24 @@ def test_train_variant_is_reproducible_and_learns(optimizer):
     assert a["val_loss"] == b["val_loss"] and all(torch.equal(p, q) for p, q in zip(first.parameters(),
                                                                                   second.parameters()))
     assert a["val_loss"] < math.log(20) - 0.5 and a["parameters"] == sum(p.numel() for p in first.parameters())
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_transformer_lens_reads_the_same_folder_and_records_the_same_patterns(tmp_path, variant):
+    """TransformerLens 4 wraps Hugging Face's Llama and Qwen3 classes, not ours: booted from the same folder, its bridge
+    gives ModernGPT's logits, and its hook_pattern equals the pattern the course's hooks record."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from course_lib.interpretability import hf_tokenizer_for
+    from course_lib.tokenization import CharTokenizer
+    hf_model(variant).save_pretrained(tmp_path)
+    ours = load_modern(tmp_path)
+    chars = CharTokenizer([chr(c) for c in range(32, 127)] + list("\n\téàüç"))  # one per id: 95 + 6 = VOCAB
+    bridge = TransformerBridge.boot_transformers(str(tmp_path), device="cpu", tokenizer=hf_tokenizer_for(chars)).eval()
+    ids = ids_for(batch=1)
+    with torch.no_grad():
+        logits, theirs = bridge.run_with_cache(ids)
+        assert (logits - ours(ids)).abs().max() < 1e-5
+    _, mine = run_with_cache(ours, ids)
+    for i in range(ours.cfg.n_layers):
+        assert (theirs[f"blocks.{i}.attn.hook_pattern"] - mine[f"blocks.{i}.attn.pattern"]).abs().max() < 1e-5
