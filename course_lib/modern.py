@@ -7,7 +7,6 @@ __all__ = ['HF_MODEL_TYPES', 'NEWTON_SCHULZ', 'check_modern_fields', 'ModernConf
            'Muon', 'make_muon', 'train_variant']
 
 # %% ../notebooks/16_modern_llm.ipynb #modern-imports
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,6 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from fastcore.basics import patch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from .attention import KVCache
@@ -29,7 +26,7 @@ from .generation import check_forward_args
 from .guards import as_device, check_attention_mask, check_bool, check_int, check_number, check_type
 from .model import GPTModel, init_gpt2_weights
 from .normalization import LayerNorm
-from .pretrained import folder_files
+from .pretrained import folder_files, read_hf_files
 from .training import TrainConfig, evaluate, make_optimizer, train
 
 # %% ../notebooks/16_modern_llm.ipynb #check-modern-fields
@@ -367,18 +364,8 @@ def load_modern(path: str | Path, device: str | torch.device | None = None) -> M
     folder: config.json and model.safetensors (or its shards), as save_pretrained writes them."""
     config_file, weight_files = folder_files(Path(path))
     device = as_device("cpu" if device is None else device)
-    try:
-        hf_config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{config_file} is not valid JSON ({error}): save the folder again") from error
+    hf_config, hf_state = read_hf_files(config_file, weight_files)  # notebook 10's reader, with its errors
     cfg = modern_config_from_hf(hf_config, source=str(config_file))
-    hf_state = {}
-    for weights_file in weight_files:
-        try:
-            hf_state.update(load_file(weights_file))
-        except SafetensorError as error:
-            raise ValueError(f"{weights_file} is not a readable safetensors file ({error}): save or download it "
-                             "again") from error
     names = modern_name_map(cfg)
     if cfg.tie_weights and {"lm_head.weight", "model.embed_tokens.weight"} <= hf_state.keys():  # a tied head stored
         if not torch.equal(hf_state.pop("lm_head.weight"), hf_state["model.embed_tokens.weight"]):  # a second time

@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['GPT2_NAME_MAP', 'GPT2_MASK_BUFFERS', 'GPT2_CONFIG_DEFAULTS', 'GPT2_HUB_REPOS', 'SHAKESPEARE_GPT_DIR',
            'expand_name_map', 'config_from_hf', 'plain_hf_state', 'hf_shapes', 'copy_from_hf', 'fill_from_hf',
-           'folder_files', 'hub_reachable', 'gpt2_files', 'load_gpt2', 'hf_config_from', 'hf_state_from', 'save_gpt2',
-           'load_shakespeare_gpt']
+           'folder_files', 'hub_reachable', 'gpt2_files', 'read_hf_files', 'load_gpt2', 'hf_config_from',
+           'hf_state_from', 'save_gpt2', 'load_shakespeare_gpt']
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #bf6628be
 import json
@@ -259,18 +259,15 @@ def gpt2_files(path_or_name: str | Path) -> tuple[Path, list[Path]]:
     raise ValueError(f"{str(path_or_name)!r} is neither a directory nor a GPT-2 name: pass a directory with "
                      f"config.json and model.safetensors, or one of {', '.join(GPT2_HUB_REPOS)}")
 
-# %% ../notebooks/10_pretrained_gpt2.ipynb #f4c3b2da
-def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None) -> GPTModel:
-    """A GPTModel (in eval mode, on `device`; default get_device()) holding GPT-2 weights from a Hugging Face
-    directory (config.json + model.safetensors, or its shards) or from the Hub ("gpt2" .. "gpt2-xl")."""
-    config_file, weight_files = gpt2_files(path_or_name)
-    device = get_device() if device is None else as_device(device)
+# %% ../notebooks/10_pretrained_gpt2.ipynb #read-hf-files
+def read_hf_files(config_file: Path, weight_files: list[Path]) -> tuple[dict, dict[str, Tensor]]:
+    """The parsed config.json and every tensor of the weight files (name -> tensor, on the CPU) of a Hugging Face
+    checkpoint, as folder_files or gpt2_files list them; a file that cannot be read is named, with the fix."""
     try:
         hf_config = json.loads(config_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_file} is not valid JSON ({error}): download it again or rewrite it with "
-                         "save_gpt2") from error
-    cfg = config_from_hf(hf_config, source=str(config_file))  # cfg.tie_weights: the file's tie_word_embeddings
+                         "save_gpt2 (or the model's save_pretrained)") from error
     hf_state = {}  # name -> tensor, on the CPU, from every shard
     for weights_file in weight_files:
         try:
@@ -279,6 +276,17 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
             raise ValueError(f"{weights_file} is not a readable safetensors file ({error}): it is truncated or "
                              "corrupt, e.g. by an interrupted download; delete it and download or save it again"
                              ) from error
+    return hf_config, hf_state
+
+
+# %% ../notebooks/10_pretrained_gpt2.ipynb #f4c3b2da
+def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None) -> GPTModel:
+    """A GPTModel (in eval mode, on `device`; default get_device()) holding GPT-2 weights from a Hugging Face
+    directory (config.json + model.safetensors, or its shards) or from the Hub ("gpt2" .. "gpt2-xl")."""
+    config_file, weight_files = gpt2_files(path_or_name)
+    device = get_device() if device is None else as_device(device)
+    hf_config, hf_state = read_hf_files(config_file, weight_files)
+    cfg = config_from_hf(hf_config, source=str(config_file))  # cfg.tie_weights: the file's tie_word_embeddings
     with device:  # build the parameters where they will live, without a copy from the CPU
         model = GPTModel(cfg)
     shards = weight_files[0].parent / "model.safetensors.index.json"

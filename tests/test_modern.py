@@ -706,3 +706,14 @@ def test_transformer_lens_reads_the_same_folder_and_records_the_same_patterns(tm
     _, mine = run_with_cache(ours, ids)
     for i in range(ours.cfg.n_layers):
         assert (theirs[f"blocks.{i}.attn.hook_pattern"] - mine[f"blocks.{i}.attn.pattern"]).abs().max() < 1e-5
+
+
+def test_load_modern_names_an_unreadable_config_or_weights_file(tmp_path, llama_files):
+    """notebook 10's reader, shared: the file that cannot be read is named, with the fix."""
+    config, weights = llama_files
+    folder = checkpoint(tmp_path, config, weights[: len(weights) // 2])  # a truncated download
+    with pytest.raises(ValueError, match=r"model.safetensors is not a readable safetensors file .*truncated"):
+        load_modern(folder)
+    (folder / "config.json").write_text("{oops")
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+        load_modern(folder)
