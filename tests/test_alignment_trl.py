@@ -217,7 +217,7 @@ def test_dpo_end_to_end_equals_trl(tokenizer, hf_tokenizer, saved, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ GRPO
-REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5]  # the second group's rewards are all equal: advantages 0
+REWARDS = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]  # one right in the first group; the second all right: advantages 0
 
 
 def grpo_trainer(hf_tokenizer, saved, tmp_path, loss_type, beta=0.04, epsilon=0.2, max_completion_length=6,
@@ -259,7 +259,7 @@ def test_group_advantages_equal_trls(rollout):
     ours = core.group_advantages(torch.tensor(REWARDS), 4)
     assert torch.allclose(ours, batch["advantages"], atol=1e-6)
     assert torch.equal(ours[4:], torch.zeros(4)), "a group of equal rewards teaches nothing"
-    assert abs(ours[0].item() - 0.5 / (1 / 3) ** 0.5) < 1e-3, "the sample std (divided by n - 1), not the population's"
+    assert abs(ours[0].item() - 1.5) < 1e-3, "(1 - 0.25) / 0.5: the sample std (divided by n - 1), not the population's"
 
 
 def test_grpo_end_to_end_equals_trl(rollout, saved):
