@@ -142,7 +142,7 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Ten
 def k3_kl(logps: Tensor, ref_logps: Tensor) -> Tensor:
     """Per-token estimate of KL(policy || reference) from the sampled token alone, the "k3" estimator of Schulman's
     note "Approximating KL divergence" (2020): with r = ref(token) / policy(token), r - log r - 1. It is never
-    negative, and its mean under the policy's samples is the exact KL. Same shape as logps."""
+    negative, and its expectation over tokens sampled from the policy is the exact KL. Same shape as logps."""
     log_r = ref_logps - logps  # log r, (batch, tokens)
     return torch.exp(log_r) - log_r - 1
 
@@ -193,6 +193,8 @@ def grpo_loss(logps: Tensor, old_logps: Tensor, ref_logps: Tensor | None, advant
     check_bool("kl_correction", kl_correction)
 
     mask = completion_mask.to(logps.dtype)  # (batch, tokens)
+    old_logps = old_logps.detach()  # the sampler and the reference are constants: no gradient flows into them
+    ref_logps = None if ref_logps is None else ref_logps.detach()
     ratio = torch.exp(logps - old_logps)  # (batch, tokens): pi / pi_old, 1 at the first step on a fresh sample
     adv = advantages.unsqueeze(1)  # (batch, 1): one advantage for every token of a completion
     unclipped = ratio * adv  # (batch, tokens)
