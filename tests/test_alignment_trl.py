@@ -1,4 +1,4 @@
-"""Notebook 15's core (drafts/15_alignment_core.py, issue 33) equals TRL 1.16, the library practitioners use:
+"""Notebook 15's core (course_lib/alignment.py) equals TRL 1.16, the library practitioners use:
 sequence log-probabilities equal a direct per-token sum, TRL's selective_log_softmax and TRL's fused LM head; the DPO
 loss equals DPOTrainer's "sigmoid" loss; group-normalised advantages equal the ones GRPOTrainer computes from the
 rewards; the GRPO loss equals GRPOTrainer's for the loss types "grpo", "bnpo", "dr_grpo" and "dapo".
@@ -11,12 +11,10 @@ real model would. The configs set bf16=False: TRL 1.16 defaults to bf16=True, an
 or every forward (GRPO) under bfloat16 autocast, even on the CPU. The trainers' model is put in eval mode: in train mode, TRL also divides by the number of gradient
 accumulation steps, an attribute the Trainer sets only inside its training loop (1 here)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+import course_lib.alignment as core
 from course_lib.config import GPTConfig
 from course_lib.finetuning import CHAT_TOKENS, ChatTokenizer, format_chat
 from course_lib.model import GPTModel
@@ -25,19 +23,6 @@ from course_lib.tokenization import CharTokenizer
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_core():
-    """The draft as a module (its file name starts with a digit, so it is loaded from its path)."""
-    spec = importlib.util.spec_from_file_location("alignment_core", ROOT / "drafts" / "15_alignment_core.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-core = load_core()
 
 TRIPLES = [  # (instruction, chosen, rejected): exact answers beat wrong ones, of other lengths
     ("Upper case:\nGood morrow.", "GOOD MORROW.", "Good morrow."),
