@@ -5,6 +5,7 @@ mistake when the code is off, and prints one line when all is well. There is one
 after it (tokenization.py checks the exercises of notebook 01, ...); core.py holds what they share.
 """
 
+from .alignment import check_dpo_loss, check_group_advantages, check_grpo_loss
 from .attention import check_causal_attention, check_multihead_attention
 from .block import check_transformer_block
 from .core import CheckFailed
@@ -35,5 +36,6 @@ __all__ = [
     "check_beam_search",  # 11 decoding
     "check_induction_score", "check_logit_lens",  # 12 interpretability
     "check_lora_linear",  # 14 finetuning
+    "check_dpo_loss", "check_group_advantages", "check_grpo_loss",  # 15 alignment
     "check_rms_norm", "check_rotary_attention", "check_grouped_query_attention",  # 16 modern llm
 ]
