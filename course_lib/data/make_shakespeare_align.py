@@ -65,7 +65,8 @@ class AlignRecipe:
     grpo_loss_type: str = "grpo"
     # watching and scoring
     watch_every: int = 10  # steps between held-out checks during training
-    watch_prompts: int = 12  # held-out instructions per task used while training
+    watch_prompts: int = 12  # held-out instructions per task whose reward and KL are watched while training
+    heldout_pair_samples: int = 8  # replies per held-out instruction for the held-out preference pairs
     kl_samples: int = 4  # replies per instruction for the KL estimate
     score_samples: int = 8  # replies per held-out instruction for the sampled reward
     score_seeds: tuple = (99, 100)  # two sampler seeds: the spread of the held-out reward
@@ -178,7 +179,9 @@ def main(argv=None, recipe=RECIPE):
     generator = torch.Generator().manual_seed(recipe.seed)
     pairs = preference_pairs(chat, tokenizer, training_instructions(recipe, recipe.dpo_per_task, recipe.seed + 2),
                              recipe.dpo_samples, generator, recipe.max_new_tokens)
-    watch_pairs = preference_pairs(chat, tokenizer, watch_set, recipe.dpo_samples, generator, recipe.max_new_tokens)
+    heldout_tasks = [e for e in heldout if e["task"] in recipe.tasks]  # every held-out instruction of the tasks
+    watch_pairs = preference_pairs(chat, tokenizer, heldout_tasks, recipe.heldout_pair_samples, generator,
+                                   recipe.max_new_tokens)
     print(f"{len(pairs)} training pairs, {len(watch_pairs)} held-out pairs, {time.perf_counter() - started:.0f} s",
           flush=True)
     reference = frozen_copy(chat)
