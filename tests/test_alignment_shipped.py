@@ -1,0 +1,97 @@
+"""Notebook 15's shipped adapters (course_lib/data/shakespeare_dpo/ and shakespeare_grpo/): the files match their
+cards, stay the size of an adapter, were made by the script's current recipe, load into notebook 14's chat model
+changing only its LoRA matrices, give the greedy replies their cards record, and the script runs end to end."""
+
+import hashlib
+import importlib
+import json
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+
+from course_lib.alignment import ALIGNED_DIRS, load_aligned
+from course_lib.finetuning import SHAKESPEARE_CHAT_DIR, chat_reply, check_reply, load_shakespeare_chat
+
+
+def load_script():
+    """The alignment script as a module (course_lib/data holds scripts, read as a namespace package)."""
+    return importlib.import_module("course_lib.data.make_shakespeare_align")
+
+
+@pytest.fixture(scope="module")
+def cards():
+    return {stage: json.loads((folder / "card.json").read_text(encoding="utf-8")) for stage, folder in
+            ALIGNED_DIRS.items()}
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    script = load_script()
+    return script.instruction_sets(script.CHAT_RECIPE)[1]
+
+
+@pytest.mark.parametrize("stage", sorted(ALIGNED_DIRS))
+def test_the_shipped_files_match_their_card_and_stay_small(cards, stage):
+    script, card, folder = load_script(), cards[stage], ALIGNED_DIRS[stage]
+    for name, digest in card["sha256"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*card["sha256"], "card.json", "README.md"])
+    assert (folder / "README.md").read_text(encoding="utf-8") == script.render_card(card, stage)
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 1_000_000, "an adapter, not a model"
+    assert card["recipe"] == json.loads(json.dumps(asdict(script.RECIPE))), "the card was made by another recipe"
+    assert card["command"] == "python course_lib/data/make_shakespeare_align.py --threads 1"
+
+
+def test_the_cards_start_from_notebook_14s_measured_model(cards):
+    """The greedy exact match the alignment script measured for the chat model is the one notebook 14's card
+    records: the same model, the same held-out instructions, the same checker."""
+    chat_card = json.loads((SHAKESPEARE_CHAT_DIR / "card.json").read_text(encoding="utf-8"))
+    for card in cards.values():
+        for by_task in card["scores"]["chat (notebook 14)"].values():
+            for task, expected in chat_card["exact_match"]["fine_tuned"].items():
+                assert by_task[task]["greedy"] == pytest.approx(expected), task
+    assert cards["grpo"]["scores"]["after DPO"] == cards["dpo"]["scores"]["after DPO"], "GRPO starts from DPO"
+
+
+def test_every_shipped_pair_is_judged_as_its_label_says(cards):
+    pairs = json.loads((ALIGNED_DIRS["dpo"] / "pairs.json").read_text(encoding="utf-8"))
+    assert len(pairs) == cards["dpo"]["pairs"] and len(pairs) > 100
+    assert {p["task"] for p in pairs} == set(load_script().RECIPE.tasks)
+    for pair in pairs:
+        assert check_reply(pair, pair["chosen"]) and not check_reply(pair, pair["rejected"]), pair
+
+
+@pytest.mark.parametrize("stage", sorted(ALIGNED_DIRS))
+def test_a_shipped_adapter_changes_only_the_lora_matrices_and_gives_its_cards_replies(cards, heldout, stage):
+    torch.set_num_threads(1)
+    chat, _ = load_shakespeare_chat("cpu")
+    model, tokenizer = load_aligned(stage)
+    changed = {name for (name, a), (_, b) in zip(chat.state_dict().items(), model.state_dict().items())
+               if not torch.equal(a, b)}
+    assert changed and all(".lora_" in name for name in changed), sorted(changed)[:5]
+    for entry in cards[stage]["heldout_replies"]:
+        assert chat_reply(model, tokenizer, heldout[entry["index"]]["instruction"], 64) == entry["reply"]
+
+
+def test_load_aligned_names_the_stages():
+    with pytest.raises(ValueError, match=r"stage must be one of \['dpo', 'grpo'\], got 'ppo'"):
+        load_aligned("ppo")
+
+
+def test_a_short_run_of_the_script_writes_both_stages_and_rebuilds_bit_for_bit(tmp_path, monkeypatch):
+    """The script with 2 DPO and 2 GRPO steps, 8 held-out instructions, twice: the same files, the same bytes."""
+    script = load_script()
+    tiny = replace(script.RECIPE, dpo_per_task=4, dpo_epochs=1, dpo_batch_size=4, grpo_per_task=2, grpo_steps=2,
+                   grpo_prompts_per_step=2, grpo_group_size=4, watch_every=2, watch_prompts=1, kl_samples=2,
+                   score_samples=2, heldout_pair_samples=4)
+    few = script.instruction_sets(script.CHAT_RECIPE)[1][::25]  # 8 held-out instructions, 2 per task
+    monkeypatch.setattr(script, "instruction_sets", lambda recipe: (None, few))
+    digests = []
+    for run in ("a", "b"):
+        script.main(["--threads", "1", "--out", str(tmp_path / run)], recipe=tiny)
+        digests.append({stage: json.loads((tmp_path / run / folder / "card.json").read_text())["sha256"]
+                        for stage, folder in script.FOLDERS.items()})
+    assert digests[0] == digests[1]
+    assert set(digests[0]["dpo"]) == {"adapter.safetensors", "pairs.json"}
+    assert set(digests[0]["grpo"]) == {"adapter.safetensors"}
