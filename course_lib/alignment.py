@@ -8,6 +8,7 @@ __all__ = ['ALIGNED_DIRS', 'GRPO_LOSS_TYPES', 'sample_group', 'check_response_ba
 
 # %% ../notebooks/15_alignment.ipynb #align-imports
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -171,8 +172,8 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
     if policy_chosen.dim() != 1 or policy_chosen.numel() == 0:
         raise ValueError(f"the log-probs must be 1-D (pairs,) and non-empty, got shape {tuple(policy_chosen.shape)}: "
                          "pass sequence_logprobs(...), one number per reply")
-    check_number("beta", beta, 0, low_open=True, why="beta scales the log-ratios; a larger beta keeps the policy "
-                 "closer to the reference (TRL's default is 0.1)")
+    check_number("beta", beta, 0, math.inf, low_open=True, high_open=True, why="beta scales the log-ratios; a "
+                 "larger beta keeps the policy closer to the reference (TRL's default is 0.1)")
     chosen_logratio = policy_chosen - ref_chosen  # (pairs,): log pi(y_w | x) / ref(y_w | x)
     rejected_logratio = policy_rejected - ref_rejected  # (pairs,)
     margin = beta * (chosen_logratio - rejected_logratio)  # (pairs,): the difference of the implicit rewards
@@ -200,11 +201,13 @@ def kl_to_reference(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokeni
                     samples: int, generator: torch.Generator | None = None, max_new_tokens: int = 64) -> float:
     """How far the policy has moved, in nats per reply: `samples` replies to each instruction sampled from the
     policy, k3_kl summed over each reply's tokens, averaged over the replies."""
+    if not isinstance(examples, list) or not examples:
+        raise TypeError("examples must be a non-empty list of instruction dicts, as make_instructions returns")
     rows = [sample_group(policy, tokenizer, e["instruction"], samples, generator, max_new_tokens)[:2]
             for e in examples]
     input_ids, mask = stack_rows(rows, tokenizer.end_id)
     kl = k3_kl(token_logprobs(policy, input_ids, mask), token_logprobs(reference, input_ids, mask))
-    return (kl * mask[:, 1:]).sum(dim=1).mean().item()  # padding and prompt positions count 0
+    return kl.sum(dim=1).mean().item()  # prompt and padding: both log-probs are 0 there, and so is k3
 
 # %% ../notebooks/15_alignment.ipynb #train-dpo
 def train_dpo(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokenizer, pairs: list[dict], beta: float,
@@ -216,7 +219,10 @@ def train_dpo(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokenizer, p
     of the chosen and rejected replies; every watch_every steps `watch()`'s dict is added to the record."""
     check_int("epochs", epochs, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
-    check_number("lr", lr, 0, low_open=True, why="AdamW's learning rate")
+    check_number("lr", lr, 0, math.inf, low_open=True, high_open=True, why="AdamW's learning rate")
+    check_int("watch_every", watch_every, minimum=0)
+    if watch is not None and not callable(watch):
+        raise TypeError(f"watch must be a function returning a dict of numbers to record, or None, got {watch!r}")
     params = [p for p in policy.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the policy has no trainable parameter: give it LoRA adapters (apply_lora) or unfreeze it")
@@ -350,6 +356,13 @@ def grpo_step(policy: GPTModel, reference: GPTModel | None, tokenizer: ChatToken
     over that one batch: from the second on, the ratio differs from 1 and the clip can act. Returns the mean
     reward, the share of groups with one reward throughout (no signal), distinct replies per group, the last loss."""
     check_int("iterations", iterations, minimum=1)
+    check_int("group_size", group_size, minimum=2)  # a group of one has no mean to compare with
+    if not isinstance(examples, list) or not examples:
+        raise TypeError("examples must be a non-empty list of instruction dicts, as make_instructions returns")
+    if beta != 0 and not isinstance(reference, nn.Module):
+        raise TypeError(f"beta is {beta}, so the KL penalty needs the reference model: pass frozen_copy(policy) "
+                        "made before training, or beta=0")
+    policy.eval()  # dropout off: the ratio must compare the same function before and after a step
     rows, rewards, distinct = [], [], []
     with torch.no_grad():
         for example in examples:
@@ -365,7 +378,7 @@ def grpo_step(policy: GPTModel, reference: GPTModel | None, tokenizer: ChatToken
     advantages = group_advantages(rewards, group_size)
     for _ in range(iterations):
         loss = grpo_loss(token_logprobs(policy, input_ids, mask), old_logps, ref_logps, advantages, mask[:, 1:], beta,
-                         epsilon, loss_type, max_completion_length=max_new_tokens + 1)
+                         epsilon, loss_type, max_completion_length=max_new_tokens)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
