@@ -24,7 +24,8 @@ from .tokenization import DATA_DIR
 
 # %% ../notebooks/15_alignment.ipynb #sample-group
 def sample_group(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, group_size: int,
-                 generator: torch.Generator | None = None, max_new_tokens: int = 64) -> tuple[Tensor, Tensor, list[str]]:
+                 generator: torch.Generator | None = None,
+                 max_new_tokens: int = 64) -> tuple[Tensor, Tensor, list[str]]:
     """group_size replies to one instruction, sampled at temperature 1 in one batch. Returns input_ids
     (group_size, tokens), the prompt and each reply's tokens as sampled; response_mask, 1 on a reply's tokens up to
     and including its first <|end|> (a reply cut off at max_new_tokens has none); and the replies as text."""
@@ -211,7 +212,8 @@ def kl_to_reference(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokeni
 
 # %% ../notebooks/15_alignment.ipynb #train-dpo
 def train_dpo(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokenizer, pairs: list[dict], beta: float,
-              lr: float, epochs: int, batch_size: int = 16, seed: int = 0, watch=None, watch_every: int = 0) -> list[dict]:
+              lr: float, epochs: int, batch_size: int = 16, seed: int = 0, watch=None,
+              watch_every: int = 0) -> list[dict]:
     """DPO: AdamW without weight decay on the policy's trainable parameters, the pairs in a seeded shuffle each
     epoch, the reference's log-probs computed once. Both models stay in eval mode (dropout off, as TRL does):
     with dropout the policy would differ from its reference before any step. Returns one record per step: loss,

@@ -80,12 +80,13 @@ def test_load_aligned_names_the_stages():
 
 
 def test_a_short_run_of_the_script_writes_both_stages_and_rebuilds_bit_for_bit(tmp_path, monkeypatch):
-    """The script with 2 DPO and 2 GRPO steps, 8 held-out instructions, twice: the same files, the same bytes."""
+    """The script with 2 DPO and 2 GRPO steps, 4 held-out instructions, replies of up to 16 tokens, twice: the same
+    files, the same bytes."""
     script = load_script()
     tiny = replace(script.RECIPE, dpo_per_task=4, dpo_epochs=1, dpo_batch_size=4, grpo_per_task=2, grpo_steps=2,
                    grpo_prompts_per_step=2, grpo_group_size=4, watch_every=2, watch_prompts=1, kl_samples=2,
-                   score_samples=2, heldout_pair_samples=4)
-    few = script.instruction_sets(script.CHAT_RECIPE)[1][::25]  # 8 held-out instructions, 2 per task
+                   score_samples=2, heldout_pair_samples=4, max_new_tokens=16)
+    few = script.instruction_sets(script.CHAT_RECIPE)[1][::50]  # 4 held-out instructions, one per task
     monkeypatch.setattr(script, "instruction_sets", lambda recipe: (None, few))
     digests = []
     for run in ("a", "b"):
