@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from .finetuning import (ChatTokenizer, chat_reply, check_reply, format_chat, load_lora_state_dict,
-                                   load_shakespeare_chat)
+from .finetuning import (IGNORE_INDEX, ChatTokenizer, chat_batch, chat_reply, check_reply, format_chat,
+                                   load_lora_state_dict, load_shakespeare_chat)
 from .generation import generate
 from .guards import check_bool, check_int, check_number, check_type
 from .model import GPTModel
@@ -83,24 +83,14 @@ def stack_rows(rows: list[tuple[Tensor, Tensor]], pad_id: int) -> tuple[Tensor, 
 # %% ../notebooks/15_alignment.ipynb #response-batch
 def response_batch(tokenizer: ChatTokenizer, examples, context_length: int) -> tuple[Tensor, Tensor]:
     """(instruction, response) pairs as whole exchanges in the chat format: input_ids (batch, tokens), right-padded
-    with <|end|>, and response_mask (batch, tokens), 1 on the response and its closing <|end|>. An exchange may be
-    context_length + 1 tokens long: the model never reads the last token, it only scores it."""
-    check_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
-    if not isinstance(examples, (list, tuple)) or not examples:
-        raise TypeError(f"examples must be a non-empty list of (instruction, response) pairs, got {examples!r}")
-    check_int("context_length", context_length, minimum=1)
-    rows = []
-    for i, pair in enumerate(examples):
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise TypeError(f"examples[{i}] must be an (instruction, response) pair of str, got {pair!r}")
-        n_prompt = len(tokenizer.encode(format_chat(pair[0])))  # <|user|> ... <|assistant|>
-        full = tokenizer.encode(format_chat(*pair))  # the prompt, the response, <|end|>
-        if len(full) - 1 > context_length:
-            raise ValueError(f"examples[{i}] is {len(full)} tokens long, more than context_length + 1 = "
-                             f"{context_length + 1}: shorten its instruction or response")
-        mask = [0] * n_prompt + [1] * (len(full) - n_prompt)
-        rows.append((torch.tensor([full]), torch.tensor([mask])))
-    return stack_rows(rows, tokenizer.end_id)
+    with <|end|>, and response_mask (batch, tokens), 1 on the response and its closing <|end|>. Notebook 14's
+    chat_batch holds the same exchanges shifted by one; a row here is its first input and then every next token.
+    An exchange may be context_length + 1 tokens long: the model never reads the last token, it only scores it."""
+    inputs, targets = chat_batch(tokenizer, examples, context_length)  # (batch, tokens - 1) each, checked there
+    is_response = targets != IGNORE_INDEX  # (batch, tokens - 1): the next token belongs to the response
+    following = F.pad(inputs[:, 1:], (0, 1), value=tokenizer.end_id)  # the next input token, or padding
+    input_ids = torch.cat([inputs[:, :1], torch.where(is_response, targets, following)], dim=1)  # (batch, tokens)
+    return input_ids, F.pad(is_response, (1, 0)).long()  # the first token is never a response token
 
 # %% ../notebooks/15_alignment.ipynb #token-logprobs
 def token_logprobs(model: nn.Module, input_ids: Tensor, response_mask: Tensor) -> Tensor:
