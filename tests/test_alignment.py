@@ -6,6 +6,7 @@ repeated here. The shipped chat model of notebook 14 is the policy wherever a re
 samples; where a step is checked against the recipe done by hand, the same seeds give the same samples."""
 
 import math
+import types
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ import course_lib.generation as generation
 from course_lib.alignment import (GRPO_LOSS_TYPES, check_response_batch, dpo_loss, frozen_copy, group_advantages,
                                   grpo_loss, grpo_step, k3_kl, kl_to_reference, pair_logprobs, preference_pairs,
                                   response_batch, sample_group, score_policy, sequence_logprobs, stack_rows,
-                                  token_logprobs, train_dpo)
+                                  token_logprobs, train_dpo, policy_copy)
 from course_lib.finetuning import chat_reply, check_reply, format_chat, load_shakespeare_chat, make_instructions
 from course_lib.training import load_shakespeare
 
@@ -261,13 +262,19 @@ def test_preference_pairs_pick_the_first_right_and_first_wrong_reply(chat, monke
         (ask("continue", "LEAR"), ["<|assistant|>LEAR", "LEAR:\nNo<|user|>thing", "LEAR:\nNothing.", "no"],
          ("LEAR:\nNothing.", "no")),
         (ask("speaker", "KENT"), ["KENT", "ROMEO<|end|>", "<|user|>"], None),  # the only wrong ones are left out
+        # a reply cut off before its <|end|> (marked "CUT:") is no answer: left out, right or wrong
+        (ask("speaker", "OSRIC"), ["CUT:OSRIC", "ROMEO", "OSRIC"], ("OSRIC", "ROMEO")),
+        (ask("speaker", "EDGAR"), ["EDGAR", "CUT:ROMEO"], None),
     ]
     replies = {example["instruction"]: sampled for example, sampled, _ in cases}
     calls = []
 
     def scripted(model_, tokenizer_, instruction, group_size, generator, max_new_tokens):
         calls.append((instruction, group_size, generator, max_new_tokens))
-        return None, None, list(replies[instruction])
+        sampled = replies[instruction]
+        finished = torch.tensor([[0, int(not r.startswith("CUT:"))] for r in sampled])  # (replies, 2)
+        ids = torch.where(finished.bool(), tokenizer.end_id, 0)  # <|end|> in the reply where it finished
+        return ids, torch.tensor([[0, 1]] * len(sampled)), [r.removeprefix("CUT:") for r in sampled]
 
     monkeypatch.setattr(alignment, "sample_group", scripted)
     generator = seeded(0)
@@ -366,9 +373,8 @@ def test_train_dpo_is_seeded_and_calls_watch_every_watch_every_steps(chat):
     assert all({"loss", "accuracy", "margin", "chosen_logratio", "rejected_logratio"} <= set(h) for h in history)
     assert run(0)[0] == history, "the same seed must give the same history"
     assert run(1)[0] != history, "another seed shuffles the pairs otherwise"
-    unwatched = train_dpo(trainable_copy(model), frozen_copy(model), tokenizer, DPO_PAIRS[:2], 0.5, 1e-3, 1,
-                          watch=lambda: pytest.fail("watch_every=0 must never call watch"), watch_every=0)
-    assert len(unwatched) == 1
+    unwatched = train_dpo(trainable_copy(model), frozen_copy(model), tokenizer, DPO_PAIRS[:2], 0.5, 1e-3, 1)
+    assert len(unwatched) == 1 and "watched" not in unwatched[0]
 
 
 def test_train_dpo_refuses_a_policy_with_nothing_to_train(chat):
@@ -523,7 +529,7 @@ def test_grpo_loss_doors(grpo_batch):
     with pytest.raises(ValueError, match="max_completion_length must be >= 6, got 5"):
         grpo_loss(*args, 0.04, 0.2, "dr_grpo", max_completion_length=5)
     assert torch.isfinite(grpo_loss(*args, 0.04, 0.2, "dr_grpo", max_completion_length=6))
-    with pytest.raises(ValueError, match=r"beta must be in \[0, inf\]"):
+    with pytest.raises(ValueError, match=r"beta must be in \[0, inf\)"):
         grpo_loss(*args, -0.1)
     for epsilon in (0.0, 1.0):
         with pytest.raises(ValueError, match=r"epsilon must be in \(0, 1\)"):
@@ -558,6 +564,7 @@ def test_a_grpo_step_with_signal_moves_the_policy_and_not_the_reference(chat, he
     model, tokenizer = chat
     verdicts = iter([True, False] * 100)  # every group gets both rewards
     monkeypatch.setattr(alignment, "check_reply", lambda example, reply: next(verdicts))
+    monkeypatch.setattr(alignment, "reply_finished", lambda ids, mask, end_id: torch.ones(len(ids), dtype=torch.bool))
     policy, reference = trainable_copy(model), moved_copy(model)  # a reference that differs: the KL term counts
     policy_before, reference_before = snapshot(policy), snapshot(reference)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.0)
@@ -625,7 +632,34 @@ def test_the_training_functions_refuse_what_they_cannot_use_before_any_work(chat
     with pytest.raises(ValueError, match=r"beta must be in \(0, inf\)"):
         dpo_loss(one, one, one, one, math.inf)
     pairs = [{**example, "chosen": "ROMEO", "rejected": "JULIET"}]
-    with pytest.raises(ValueError, match="watch_every must be >= 0"):
-        train_dpo(model, model, tokenizer, pairs, 0.1, 1e-3, 1, watch_every=-1)
+    with pytest.raises(TypeError, match="with watch_every >= 1"):
+        train_dpo(model, model, tokenizer, pairs, 0.1, 1e-3, 1, watch=dict, watch_every=0)
+    with pytest.raises(ValueError, match="beta must be in"):
+        train_dpo(model, model, tokenizer, pairs, 0.0, 1e-3, 1)  # refused before the reference's forward pass
+    with pytest.raises(ValueError, match="epsilon must be in"):
+        grpo_step(model, model, tokenizer, [example], optimizer, epsilon=1.5)  # refused before any sampling
+    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))  # a CUDA generator, as a laptop with a GPU makes
+    with pytest.raises(ValueError, match="generator is on cuda:0 and the model on cpu"):
+        sample_group(model, tokenizer, "Hi", 2, on_gpu)
+    with pytest.raises(TypeError, match="examples must be a non-empty list"):
+        score_policy(model, tokenizer, [])
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        score_policy(model, tokenizer, [example], samples=0)
+    with pytest.raises(ValueError, match="rows is empty"):
+        stack_rows([], 0)
+    with pytest.raises(ValueError, match="model has no LoRA matrices"):
+        policy_copy(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="watch must be a function"):
         train_dpo(model, model, tokenizer, pairs, 0.1, 1e-3, 1, watch="kl", watch_every=1)
+
+
+def test_a_reply_cut_off_before_its_end_earns_nothing(chat, monkeypatch):
+    """check_reply would accept a "continue" reply cut off mid-line; the rollout gives it reward 0, because a reply
+    that never reached <|end|> is not an answer (the same rule keeps it out of preference pairs)."""
+    model, tokenizer = chat
+    monkeypatch.setattr(alignment, "check_reply", lambda example, reply: True)  # the checker would accept anything
+    example = {"task": "continue", "instruction": "Speak as HAMLET.", "response": "HAMLET:\nTo be."}
+    input_ids, mask, rewards, _ = alignment.rollout(model, tokenizer, [example], 6, seeded(0), max_new_tokens=3)
+    finished = alignment.reply_finished(input_ids, mask, tokenizer.end_id)
+    assert not bool(finished.all()), "3 tokens: most replies are cut off"
+    assert rewards.tolist() == finished.float().tolist(), "reward 1 only where the reply reached <|end|>"

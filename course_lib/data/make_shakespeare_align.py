@@ -11,11 +11,14 @@ right one (chosen) and a wrong one (rejected). The chat adapter's LoRA matrices 
 of the chat model (the reference). Stage 2, GRPO: from the DPO model, against a frozen copy of it, on new training
 instructions of the same tasks; reward 1 for a reply check_reply accepts, 0 otherwise.
 
+A reply cut off at max_new_tokens, before its <|end|>, is never a chosen reply and always earns reward 0.
+
 Every stage is scored the same way (score_policy): greedy exact match, and the mean reward of 8 replies sampled at
 temperature 1, on the 200 held-out instructions, with two sampler seeds (their difference is the noise of the
 measurement). Writes, per stage, adapter.safetensors (the LoRA matrices), card.json and README.md (command, recipe,
 numbers, training history, machine, sha256); shakespeare_dpo/ also holds pairs.json, the preference pairs. Seeded:
-the same command on the same machine and thread count writes the same bytes.
+the same command on the same machine and thread count writes the same adapters, pairs and numbers (the cards also
+record wall times, which differ).
 """
 
 import argparse
@@ -30,9 +33,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, pair_logprobs, preference_pairs,
-                                  sample_group, score_policy, train_dpo)
-from course_lib.data.make_shakespeare_chat import RECIPE as CHAT_RECIPE, instruction_sets
+from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, pair_logprobs, policy_copy,
+                                  preference_pairs, sample_group, score_policy, train_dpo)
+from course_lib.data.make_shakespeare_chat import RECIPE as CHAT_RECIPE, SUBSET, instruction_sets
 from course_lib.data.make_shakespeare_gpt import cpu_name, sha256
 from course_lib.finetuning import INSTRUCTION_TASKS, chat_reply, load_shakespeare_chat, lora_state_dict, make_instructions
 from course_lib.training import load_shakespeare
@@ -63,9 +66,11 @@ class AlignRecipe:
     grpo_iterations: int = 2
     grpo_lr: float = 1e-4
     grpo_loss_type: str = "grpo"
+    grpo_kl_correction: bool = True  # TRL 1.16's default: the k3 term weighted by the ratio
     # watching and scoring
     watch_every: int = 10  # steps between held-out checks during training
     watch_prompts: int = 12  # held-out instructions per task whose reward and KL are watched while training
+    watch_samples: int = 4  # replies per watched instruction (the same random numbers at every watch)
     heldout_pair_samples: int = 8  # replies per held-out instruction for the held-out preference pairs
     kl_samples: int = 4  # replies per instruction for the KL estimate
     score_samples: int = 8  # replies per held-out instruction for the sampled reward
@@ -73,12 +78,12 @@ class AlignRecipe:
 
 
 RECIPE = AlignRecipe()
-SUBSET = 2  # the first SUBSET held-out instructions of each task: greedy replies on the cards, redone by the tests
 
 
 def training_instructions(recipe, per_task, seed):
-    cut = int(len(load_shakespeare()) * 0.9)
-    return [e for e in make_instructions(load_shakespeare()[:cut], per_task, seed) if e["task"] in recipe.tasks]
+    """Instructions of the recipe's tasks from the training part of the corpus (notebook 09's first 90%)."""
+    text = load_shakespeare()
+    return [e for e in make_instructions(text[:int(len(text) * 0.9)], per_task, seed) if e["task"] in recipe.tasks]
 
 
 def scores(model, tokenizer, heldout, recipe):
@@ -89,20 +94,23 @@ def scores(model, tokenizer, heldout, recipe):
 
 
 def watcher(policy, reference, tokenizer, watch_set, watch_pairs, ref_logps, recipe, beta):
-    """What training is watched by: held-out preference accuracy and margin (DPO's quantity), the KL to the
-    reference, and the held-out sampled reward on a few instructions (RL's quantity)."""
-    generator = torch.Generator().manual_seed(recipe.seed + 7)
+    """What training is watched by: the held-out sampled reward on a few instructions (RL's quantity) and the KL to
+    the reference, both with the same random numbers at every watch; with pairs (DPO), the held-out preference
+    accuracy, margin and chosen log-prob."""
 
     def watch():
-        with torch.no_grad():
-            chosen, rejected = pair_logprobs(policy, tokenizer, watch_pairs, policy.cfg.context_length)
-        margin = beta * ((chosen - ref_logps[0]) - (rejected - ref_logps[1]))
-        reward = score_policy(policy, tokenizer, watch_set, 4, generator, recipe.max_new_tokens)["all"]["reward"]
-        return {"heldout_pref_accuracy": (margin > 0).float().mean().item(), "heldout_margin": margin.mean().item(),
-                "heldout_chosen_logprob": chosen.mean().item(),
-                "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
-                                      recipe.max_new_tokens),
-                "heldout_reward": reward}
+        generator = torch.Generator().manual_seed(recipe.seed + 7)
+        found = {"heldout_reward": score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator,
+                                                recipe.max_new_tokens)["all"]["reward"],
+                 "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
+                                       recipe.max_new_tokens)}
+        if watch_pairs:
+            with torch.no_grad():
+                chosen, rejected = pair_logprobs(policy, tokenizer, watch_pairs, policy.cfg.context_length)
+            margin = beta * ((chosen - ref_logps[0]) - (rejected - ref_logps[1]))
+            found.update(heldout_pref_accuracy=(margin > 0).float().mean().item(),
+                         heldout_margin=margin.mean().item(), heldout_chosen_logprob=chosen.mean().item())
+        return found
     return watch
 
 
@@ -184,10 +192,7 @@ def main(argv=None, recipe=RECIPE):
                                    recipe.max_new_tokens)
     print(f"{len(pairs)} training pairs, {len(watch_pairs)} held-out pairs, {time.perf_counter() - started:.0f} s",
           flush=True)
-    reference = frozen_copy(chat)
-    policy = frozen_copy(chat)
-    for name, p in policy.named_parameters():
-        p.requires_grad_(".lora_" in name)  # the chat adapter's LoRA matrices train; nothing else
+    reference, policy = frozen_copy(chat), policy_copy(chat)  # the chat adapter's LoRA matrices train; nothing else
     with torch.no_grad():
         watch_ref = pair_logprobs(reference, tokenizer, watch_pairs, chat.cfg.context_length)
     watch = watcher(policy, reference, tokenizer, watch_set, watch_pairs, watch_ref, recipe, recipe.dpo_beta)
@@ -205,18 +210,12 @@ def main(argv=None, recipe=RECIPE):
     write_stage(args.out, "dpo", policy, dpo_card, [("pairs.json", pairs)])
 
     # Stage 2: GRPO, from the DPO model and against it
-    dpo_model = policy
-    reference = frozen_copy(dpo_model)
-    policy = frozen_copy(dpo_model)
-    for name, p in policy.named_parameters():
-        p.requires_grad_(".lora_" in name)
+    reference, policy = frozen_copy(policy), policy_copy(policy)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=recipe.grpo_lr,
                                   weight_decay=0.0)
     prompts = training_instructions(recipe, recipe.grpo_per_task, recipe.seed + 3)
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(recipe.seed + 4)).tolist()
-    with torch.no_grad():
-        watch_ref = pair_logprobs(reference, tokenizer, watch_pairs, chat.cfg.context_length)
-    watch = watcher(policy, reference, tokenizer, watch_set, watch_pairs, watch_ref, recipe, recipe.dpo_beta)
+    watch = watcher(policy, reference, tokenizer, watch_set, None, None, recipe, None)
     before_samples = samples_of(policy, tokenizer, watch_set[:2] + watch_set[recipe.watch_prompts:][:2], recipe)
     grpo_history, grpo_started = [{"step": 0, **watch()}], time.perf_counter()
     for step in range(recipe.grpo_steps):
@@ -224,7 +223,7 @@ def main(argv=None, recipe=RECIPE):
                  for i in range(recipe.grpo_prompts_per_step)]
         record = grpo_step(policy, reference, tokenizer, batch, optimizer, recipe.grpo_group_size, recipe.grpo_beta,
                            recipe.grpo_epsilon, recipe.grpo_iterations, recipe.grpo_loss_type, generator,
-                           recipe.max_new_tokens)
+                           recipe.max_new_tokens, recipe.grpo_kl_correction)
         grpo_history.append({"step": step + 1, **record})
         if (step + 1) % recipe.watch_every == 0:
             grpo_history[-1].update(watch())
