@@ -425,20 +425,18 @@ def grpo_step(policy: GPTModel, reference: GPTModel | None, tokenizer: ChatToken
 def score_policy(model: GPTModel, tokenizer: ChatTokenizer, examples: list[dict], samples: int = 8,
                  generator: torch.Generator | None = None, max_new_tokens: int = 64) -> dict:
     """Held-out numbers per task and in all: greedy exact match (notebook 14's chat_reply and check_reply), the mean
-    reward of `samples` replies sampled at temperature 1 (grpo_step's reward, the quantity RL raises), and distinct
+    reward of `samples` replies sampled at temperature 1 (rollout's reward, the quantity RL raises), and distinct
     replies among them (diversity)."""
     check_int("samples", samples, minimum=1)
     if not isinstance(examples, list) or not examples:
         raise TypeError("examples must be a non-empty list of instruction dicts, as make_instructions returns")
     per_task = {}
     for example in examples:
-        input_ids, mask, replies = sample_group(model, tokenizer, example["instruction"], samples, generator,
-                                                max_new_tokens)
-        finished = reply_finished(input_ids, mask, tokenizer.end_id).tolist()
+        _, _, rewards, distinct = rollout(model, tokenizer, [example], samples, generator, max_new_tokens)
         greedy = chat_reply(model, tokenizer, example["instruction"], max_new_tokens)
         for task in (example["task"], "all"):
             row = per_task.setdefault(task, {"greedy": [], "reward": [], "distinct": []})
             row["greedy"].append(float(check_reply(example, greedy)))
-            row["reward"].append(sum(done and check_reply(example, r) for r, done in zip(replies, finished)) / samples)
-            row["distinct"].append(len(set(replies)))
+            row["reward"].append(rewards.mean().item())
+            row["distinct"].append(distinct[0])
     return {task: {name: round(sum(v) / len(v), 4) for name, v in row.items()} for task, row in per_task.items()}
