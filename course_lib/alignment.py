@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .finetuning import (IGNORE_INDEX, ChatTokenizer, chat_batch, chat_reply, check_reply, format_chat,
                                    load_lora_state_dict, load_shakespeare_chat)
 from .generation import generate
-from .guards import check_bool, check_int, check_number, check_type
+from .guards import require_bool, require_int, require_number, require_type
 from .model import GPTModel
 from .tokenization import DATA_DIR
 
@@ -30,10 +30,10 @@ def sample_group(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, gr
     """group_size replies to one instruction, sampled at temperature 1 in one batch. Returns input_ids
     (group_size, tokens), the prompt and each reply's tokens as sampled; response_mask, 1 on a reply's tokens up to
     and including its first <|end|> (a reply cut off at max_new_tokens has none); and the replies as text."""
-    check_type("model", model, GPTModel, "pass the policy, e.g. load_shakespeare_chat()[0]")
-    check_type("tokenizer", tokenizer, ChatTokenizer, "pass the model's ChatTokenizer")
-    check_int("group_size", group_size, minimum=1)
-    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    require_type("model", model, GPTModel, "pass the policy, e.g. load_shakespeare_chat()[0]")
+    require_type("tokenizer", tokenizer, ChatTokenizer, "pass the model's ChatTokenizer")
+    require_int("group_size", group_size, minimum=1)
+    require_int("max_new_tokens", max_new_tokens, minimum=1)
     device = model.out_head.weight.device
     if generator is not None and generator.device != device:
         raise ValueError(f"generator is on {generator.device} and the model on {device}: make it where the model "
@@ -63,8 +63,8 @@ def reply_finished(input_ids: Tensor, response_mask: Tensor, end_id: int) -> Ten
 def check_response_batch(input_ids: Tensor, response_mask: Tensor) -> None:
     """input_ids (batch, tokens) of int64 and response_mask of the same shape, 1 on the response's tokens and 0
     on the prompt and the padding, with a prompt before every response and at least one response token per row."""
-    check_type("input_ids", input_ids, Tensor, "build input_ids and response_mask with response_batch(...)")
-    check_type("response_mask", response_mask, Tensor, "build input_ids and response_mask with response_batch(...)")
+    require_type("input_ids", input_ids, Tensor, "build input_ids and response_mask with response_batch(...)")
+    require_type("response_mask", response_mask, Tensor, "build input_ids and response_mask with response_batch(...)")
     if input_ids.dim() != 2 or input_ids.shape[1] < 2 or input_ids.dtype != torch.int64:
         raise ValueError(f"input_ids must be int64 (batch, tokens) with at least 2 tokens (a prompt token and a "
                          f"response token), got {input_ids.dtype} of shape {tuple(input_ids.shape)}")
@@ -109,7 +109,7 @@ def response_batch(tokenizer: ChatTokenizer, examples, context_length: int) -> t
 def token_logprobs(model: nn.Module, input_ids: Tensor, response_mask: Tensor) -> Tensor:
     """log p(token t + 1 | tokens 0 .. t) for every response token and 0 elsewhere: (batch, tokens - 1), float32.
     The model reads input_ids[:, :-1]; the last token is only scored, never read."""
-    check_type("model", model, nn.Module, "pass the policy or the reference model, e.g. a GPTModel")
+    require_type("model", model, nn.Module, "pass the policy or the reference model, e.g. a GPTModel")
     check_response_batch(input_ids, response_mask)
     logits = model(input_ids[:, :-1])  # (batch, tokens - 1, vocab_size): position t predicts token t + 1
     logps = logits.float().log_softmax(dim=-1)  # (batch, tokens - 1, vocab_size), normalised in float32
@@ -129,7 +129,7 @@ def preference_pairs(model: GPTModel, tokenizer: ChatTokenizer, examples: list[d
     (rejected) make a pair: the instruction's dict with "chosen" and "rejected" added, so check_reply can judge it
     again. An instruction the model always gets right, or never, gives no pair. Left out: a reply cut off before its
     <|end|> (as a turn it would get an <|end|> the model never wrote) and one holding a chat token."""
-    check_int("samples", samples, minimum=2)
+    require_int("samples", samples, minimum=2)
     if not isinstance(examples, list) or not examples:
         raise TypeError("examples must be a non-empty list of instruction dicts, as make_instructions returns")
     pairs = []
@@ -161,7 +161,7 @@ def check_logprob_tensors(tensors: dict, shape_hint: str) -> None:
     """Every value a float tensor of the first one's shape; the error names the argument and the shape wanted."""
     first_name, first = next(iter(tensors.items()))
     for name, value in tensors.items():
-        check_type(name, value, Tensor, f"pass a tensor of {shape_hint}")
+        require_type(name, value, Tensor, f"pass a tensor of {shape_hint}")
         if not value.dtype.is_floating_point:
             raise TypeError(f"{name} must hold log-probabilities (a float tensor), got dtype {value.dtype}")
         if value.shape != first.shape:
@@ -180,7 +180,7 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
     if policy_chosen.dim() != 1 or policy_chosen.numel() == 0:
         raise ValueError(f"the log-probs must be 1-D (pairs,) and non-empty, got shape {tuple(policy_chosen.shape)}: "
                          "pass sequence_logprobs(...), one number per reply")
-    check_number("beta", beta, 0, math.inf, low_open=True, high_open=True, why="beta scales the log-ratios; a "
+    require_number("beta", beta, 0, math.inf, low_open=True, high_open=True, why="beta scales the log-ratios; a "
                  "larger beta keeps the policy closer to the reference (TRL's default is 0.1)")
     chosen_logratio = policy_chosen - ref_chosen  # (pairs,): log pi(y_w | x) / ref(y_w | x)
     rejected_logratio = policy_rejected - ref_rejected  # (pairs,)
@@ -191,7 +191,7 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor,
 # %% ../notebooks/15_alignment.ipynb #frozen-copy
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` that no optimizer can change, in eval mode: the reference."""
-    check_type("model", model, nn.Module, "pass the model training starts from")
+    require_type("model", model, nn.Module, "pass the model training starts from")
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 # %% ../notebooks/15_alignment.ipynb #policy-copy
@@ -221,7 +221,7 @@ def kl_to_reference(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokeni
     policy, k3_kl summed over each reply's tokens, averaged over the replies."""
     if not isinstance(examples, list) or not examples:
         raise TypeError("examples must be a non-empty list of instruction dicts, as make_instructions returns")
-    check_int("samples", samples, minimum=1)
+    require_int("samples", samples, minimum=1)
     rows = [sample_group(policy, tokenizer, e["instruction"], samples, generator, max_new_tokens)[:2]
             for e in examples]
     input_ids, mask = stack_rows(rows, tokenizer.end_id)
@@ -236,10 +236,10 @@ def train_dpo(policy: GPTModel, reference: GPTModel, tokenizer: ChatTokenizer, p
     the reference's log-probs computed once; both models in eval mode (dropout off, as TRL's DPO does). One record
     per step: loss, accuracy (share of pairs whose implicit reward prefers the chosen reply), margin, the mean
     log-ratios of chosen and rejected replies, and every watch_every steps the dict `watch()` returns."""
-    check_int("epochs", epochs, minimum=1)
-    check_int("batch_size", batch_size, minimum=1)
-    check_number("lr", lr, 0, math.inf, low_open=True, high_open=True, why="AdamW's learning rate")
-    check_number("beta", beta, 0, math.inf, low_open=True, high_open=True, why="DPO's beta (TRL's default is 0.1)")
+    require_int("epochs", epochs, minimum=1)
+    require_int("batch_size", batch_size, minimum=1)
+    require_number("lr", lr, 0, math.inf, low_open=True, high_open=True, why="AdamW's learning rate")
+    require_number("beta", beta, 0, math.inf, low_open=True, high_open=True, why="DPO's beta (TRL's default is 0.1)")
     if watch is not None and not (callable(watch) and type(watch_every) is int and watch_every >= 1):
         raise TypeError(f"watch must be a function returning a dict of numbers to record, with watch_every >= 1, "
                         f"or None; got {watch!r} with watch_every={watch_every}")
@@ -289,9 +289,9 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Ten
     The completions of one prompt are consecutive, group_size of them. The standard deviation is the sample one
     (divided by group_size - 1: torch.std's default, and TRL's), and eps is added to it outside the square root. A
     group whose rewards are all equal gets advantages of 0 (exactly 0 for the checker's 0/1 rewards): no signal."""
-    check_type("rewards", rewards, Tensor, "pass the checker's rewards as a tensor, e.g. torch.tensor([1., 0., ...])")
-    check_int("group_size", group_size, minimum=2)
-    check_number("eps", eps, 0, low_open=True, why="it keeps the division finite when a group's rewards are equal")
+    require_type("rewards", rewards, Tensor, "pass the checker's rewards as a tensor, e.g. torch.tensor([1., 0., ...])")
+    require_int("group_size", group_size, minimum=2)
+    require_number("eps", eps, 0, low_open=True, why="it keeps the division finite when a group's rewards are equal")
     if rewards.dim() != 1 or not rewards.dtype.is_floating_point:
         raise ValueError(f"rewards must be a 1-D float tensor (completions,), got {rewards.dtype} of shape "
                          f"{tuple(rewards.shape)}")
@@ -309,8 +309,8 @@ GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # four of TRL 1.16's loss
 # %% ../notebooks/15_alignment.ipynb #check-grpo-settings
 def check_grpo_settings(beta, epsilon, loss_type) -> None:
     """beta >= 0, epsilon in (0, 1), a loss_type of GRPO_LOSS_TYPES: each error names the argument."""
-    check_number("beta", beta, 0, math.inf, high_open=True, why="the weight of the KL penalty (0 switches it off)")
-    check_number("epsilon", epsilon, 0, 1, low_open=True, high_open=True, why="the ratio is clipped to "
+    require_number("beta", beta, 0, math.inf, high_open=True, why="the weight of the KL penalty (0 switches it off)")
+    require_number("epsilon", epsilon, 0, 1, low_open=True, high_open=True, why="the ratio is clipped to "
                  "[1 - epsilon, 1 + epsilon] (TRL's default is 0.2)")
     if loss_type not in GRPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {GRPO_LOSS_TYPES}, got {loss_type!r}")
@@ -324,11 +324,11 @@ def check_grpo_args(logps, old_logps, ref_logps, advantages, completion_mask, be
                            {"ref_logps": ref_logps})}, "(batch, tokens) per-token log-probs")
     if logps.dim() != 2:
         raise ValueError(f"logps must be (batch, tokens), got shape {tuple(logps.shape)}")
-    check_type("advantages", advantages, Tensor, "pass group_advantages(rewards, group_size)")
+    require_type("advantages", advantages, Tensor, "pass group_advantages(rewards, group_size)")
     if advantages.shape != logps.shape[:1]:
         raise ValueError(f"advantages must be (batch,) = ({logps.shape[0]},), one per completion, got shape "
                          f"{tuple(advantages.shape)}")
-    check_type("completion_mask", completion_mask, Tensor, "pass the 0/1 mask of the completion tokens")
+    require_type("completion_mask", completion_mask, Tensor, "pass the 0/1 mask of the completion tokens")
     if completion_mask.shape != logps.shape:
         raise ValueError(f"completion_mask must have logps' shape {tuple(logps.shape)}, got "
                          f"{tuple(completion_mask.shape)}")
@@ -340,7 +340,7 @@ def check_grpo_args(logps, old_logps, ref_logps, advantages, completion_mask, be
         if max_completion_length is None:
             raise ValueError("loss_type='dr_grpo' divides by batch * max_completion_length, a constant: pass "
                              "max_completion_length, the longest completion the sampler may write")
-        check_int("max_completion_length", max_completion_length, minimum=int(completion_mask.sum(dim=1).max()))
+        require_int("max_completion_length", max_completion_length, minimum=int(completion_mask.sum(dim=1).max()))
 
 # %% ../notebooks/15_alignment.ipynb #grpo-loss
 def grpo_loss(logps: Tensor, old_logps: Tensor, ref_logps: Tensor | None, advantages: Tensor,
@@ -354,7 +354,7 @@ def grpo_loss(logps: Tensor, old_logps: Tensor, ref_logps: Tensor | None, advant
     loss_type says how the per-token losses become one number; see GRPO_LOSS_TYPES and the notebook's table."""
     check_grpo_args(logps, old_logps, ref_logps, advantages, completion_mask, beta, epsilon, loss_type,
                     max_completion_length)
-    check_bool("kl_correction", kl_correction)
+    require_bool("kl_correction", kl_correction)
     mask = completion_mask.to(logps.dtype)  # (batch, tokens)
     ratio = torch.exp(logps - old_logps.detach())  # (batch, tokens): pi / pi_old, no gradient into the sampler
     adv = advantages.unsqueeze(1)  # (batch, 1): one advantage for every token of a completion
@@ -398,8 +398,8 @@ def grpo_step(policy: GPTModel, reference: GPTModel | None, tokenizer: ChatToken
     advantages, the log-probs of the sampler (the policy as it is now) and of the reference, then `iterations`
     optimizer steps on grpo_loss over that one batch (kl_correction: TRL's ratio-weighted k3). Returns the mean
     reward, the share of groups with one reward throughout (no signal), distinct replies per group, the last loss."""
-    check_int("iterations", iterations, minimum=1)
-    check_int("group_size", group_size, minimum=2)  # a group of one has no mean to compare with
+    require_int("iterations", iterations, minimum=1)
+    require_int("group_size", group_size, minimum=2)  # a group of one has no mean to compare with
     check_grpo_settings(beta, epsilon, loss_type)
     if beta != 0 and not isinstance(reference, nn.Module):
         raise TypeError(f"beta is {beta}, so the KL penalty needs the reference model: pass frozen_copy(policy) "
@@ -427,7 +427,7 @@ def score_policy(model: GPTModel, tokenizer: ChatTokenizer, examples: list[dict]
     """Held-out numbers per task and in all: greedy exact match (notebook 14's chat_reply and check_reply), the mean
     reward of `samples` replies sampled at temperature 1 (rollout's reward, the quantity RL raises), and distinct
     replies among them (diversity)."""
-    check_int("samples", samples, minimum=1)
+    require_int("samples", samples, minimum=1)
     if not isinstance(examples, list) or not examples:
         raise TypeError("examples must be a non-empty list of instruction dicts, as make_instructions returns")
     per_task = {}

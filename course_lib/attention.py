@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .guards import check_int
+from .guards import require_int
 
 
 # %% ../notebooks/05_attention.ipynb #92236da6
@@ -160,7 +160,7 @@ class KVCache:
 
     def crop(self, length: int) -> None:
         """Forget every position from `length` on: speculative decoding drops rejected tokens (notebook 11)."""
-        check_int("length", length, minimum=0)
+        require_int("length", length, minimum=0)
         if len(self) > length:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .guards import check_bool, check_int, check_number, check_type
+from .guards import require_bool, require_int, require_number, require_type
 
 # %% ../notebooks/00_overview.ipynb #cf960a68
 @dataclass(frozen=True)
@@ -26,20 +26,20 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"):
-            check_int(name, getattr(self, name), minimum=1)
+            require_int(name, getattr(self, name), minimum=1)
         if self.emb_dim % self.n_heads != 0:
             raise ValueError(f"emb_dim {self.emb_dim} is not divisible by n_heads {self.n_heads}: "
                              f"each head gets emb_dim / n_heads dimensions, so pick n_heads among the "
                              f"divisors of {self.emb_dim}")
-        check_number("drop_rate", self.drop_rate, 0, 1, high_open=True, why="it is the probability of zeroing "
+        require_number("drop_rate", self.drop_rate, 0, 1, high_open=True, why="it is the probability of zeroing "
                      "an activation (0 turns dropout off, 1 would zero them all)")
-        check_bool("qkv_bias", self.qkv_bias)
-        check_bool("tie_weights", self.tie_weights)
+        require_bool("qkv_bias", self.qkv_bias)
+        require_bool("tie_weights", self.tie_weights)
 
 # %% ../notebooks/00_overview.ipynb #check-config
 def check_config(cfg) -> None:
     "A GPTConfig: every class that is part of the GPT is built from one."
-    check_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+    require_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
 
 # %% ../notebooks/00_overview.ipynb #d2d08ced
 GPT2_CONFIGS = {

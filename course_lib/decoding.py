@@ -24,7 +24,7 @@ from .config import GPTConfig
 from .generation import (check_forward_args, check_generation_args, check_logits, check_sampling_args,
                                    eval_mode, next_token_logits, sample_next_token, scale_logits, top_k_filter,
                                    top_p_filter)
-from .guards import as_device, check_attention_mask, check_int, check_number, check_token_tensor, check_type
+from .guards import as_device, require_attention_mask, require_int, require_number, require_token_tensor, require_type
 from .model import GPTModel
 from .tokenization import DATA_DIR
 
@@ -32,7 +32,7 @@ from .tokenization import DATA_DIR
 def ngrams(ids: list[int] | Tensor, n: int) -> list[tuple[int, ...]]:
     """Every run of n consecutive ids, in order: [1, 2, 3, 2] with n=2 -> [(1, 2), (2, 3), (3, 2)]. ids is a list of
     ints or a 1-D tensor of them (made a list: a tensor's elements are 0-d tensors, which compare by identity)."""
-    check_int("n", n, minimum=1)
+    require_int("n", n, minimum=1)
     given = f"shape {tuple(ids.shape)} {ids.dtype}" if isinstance(ids, Tensor) else type(ids).__name__
     ids = ids.tolist() if isinstance(ids, Tensor) else ids
     if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) for i in ids):
@@ -62,7 +62,7 @@ def check_history(token_ids: Tensor, logits: Tensor) -> None:
     wrong tokens. An empty history (batch, 0) is fine."""
     check_logits(logits, dims=2)
     if not (isinstance(token_ids, Tensor) and token_ids.numel() == 0 and not token_ids.is_floating_point()):
-        check_token_tensor("token_ids", token_ids, dims=2, vocab_size=logits.shape[-1])
+        require_token_tensor("token_ids", token_ids, dims=2, vocab_size=logits.shape[-1])
     if token_ids.dim() != 2 or token_ids.shape[0] != logits.shape[0]:
         raise ValueError(f"token_ids must be (batch, tokens) with the batch of logits {tuple(logits.shape)}, got "
                          f"shape {tuple(token_ids.shape)}: pass the sequences the logits continue")
@@ -72,7 +72,7 @@ def penalize_repetition(logits: Tensor, token_ids: Tensor, penalty: float) -> Te
     """CTRL's rule (Keskar et al., 2019): for every token already in its row of token_ids, a positive logit is
     divided by `penalty` and a negative one multiplied by it, so a penalty > 1 makes it less likely either way."""
     check_history(token_ids, logits)
-    check_number("penalty", penalty, 0, math.inf, low_open=True, high_open=True,
+    require_number("penalty", penalty, 0, math.inf, low_open=True, high_open=True,
                  why="1 changes nothing, above 1 discourages tokens already used (1.2 is common), below 1 favours them")
     seen = logits.gather(-1, token_ids)  # (batch, tokens): the logit of each token already in the row
     penalized = torch.where(seen > 0, seen / penalty, seen * penalty)
@@ -82,7 +82,7 @@ def penalize_repetition(logits: Tensor, token_ids: Tensor, penalty: float) -> Te
 def ban_repeated_ngrams(logits: Tensor, token_ids: Tensor, n: int) -> Tensor:
     """Set to -inf every token that would complete an n-gram already present in its row of token_ids."""
     check_history(token_ids, logits)
-    check_int("n", n, minimum=1)
+    require_int("n", n, minimum=1)
     banned = torch.zeros_like(logits, dtype=torch.bool)  # (batch, vocab_size)
     for row, ids in enumerate(token_ids.tolist()):
         prefix = tuple(ids[len(ids) - n + 1:]) if n > 1 else ()  # the last n - 1 tokens
@@ -98,7 +98,7 @@ def penalize_frequency(logits: Tensor, token_ids: Tensor, frequency: float = 0.0
     occurs in its row of token_ids (the OpenAI API's two penalties; pass only the generated tokens)."""
     check_history(token_ids, logits)
     for name, value in (("frequency", frequency), ("presence", presence)):
-        check_number(name, value, -2, 2, why="the OpenAI API allows -2 to 2; 0 turns the penalty off")
+        require_number(name, value, -2, 2, why="the OpenAI API allows -2 to 2; 0 turns the penalty off")
     counts = torch.zeros_like(logits).scatter_add(-1, token_ids, torch.ones_like(token_ids, dtype=logits.dtype))
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
@@ -106,7 +106,7 @@ def penalize_frequency(logits: Tensor, token_ids: Tensor, frequency: float = 0.0
 def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
     """Min-p sampling (Nguyen et al., 2024): drop every token whose probability is below min_p times the
     probability of the most likely token, so the cut-off rises when the model is sure and falls when it is not."""
-    check_number("min_p", min_p, 0, 1, why="0.05-0.1 is common: keep tokens at least that fraction as likely as "
+    require_number("min_p", min_p, 0, 1, why="0.05-0.1 is common: keep tokens at least that fraction as likely as "
                  "the best one; 0 keeps every token")
     check_logits(logits)
     probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
@@ -117,19 +117,19 @@ def min_p_filter(logits: Tensor, min_p: float) -> Tensor:
 def check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty):
     """Raise a clear error for a min-p, penalty or n-gram size that stream_tokens cannot use."""
     if min_p is not None:
-        check_number("min_p", min_p, 0, 1, why="0.05-0.1 is common; None turns the filter off")
-    check_number("repetition_penalty", repetition_penalty, 0, math.inf, low_open=True, high_open=True,
+        require_number("min_p", min_p, 0, 1, why="0.05-0.1 is common; None turns the filter off")
+    require_number("repetition_penalty", repetition_penalty, 0, math.inf, low_open=True, high_open=True,
                  why="1 changes nothing, above 1 discourages tokens already used (1.2 is common)")
-    check_int("no_repeat_ngram_size", no_repeat_ngram_size, minimum=0)
+    require_int("no_repeat_ngram_size", no_repeat_ngram_size, minimum=0)
     for name, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
-        check_number(name, value, -2, 2, why="the OpenAI API allows -2 to 2; 0 turns the penalty off")
+        require_number(name, value, -2, 2, why="the OpenAI API allows -2 to 2; 0 turns the penalty off")
 
 # %% ../notebooks/11_decoding.ipynb #a8136899-1
 def penalize(logits: Tensor, token_ids: Tensor, prompt_len: int, repetition_penalty: float,
              no_repeat_ngram_size: int, frequency_penalty: float, presence_penalty: float) -> Tensor:
     """Apply the penalties that are switched on to next-token logits (batch, vocab_size), in Hugging Face's order;
     frequency and presence count only the generated tokens (after the first prompt_len), the others the prompt too."""
-    check_int("prompt_len", prompt_len, minimum=0)
+    require_int("prompt_len", prompt_len, minimum=0)
     if isinstance(token_ids, Tensor) and prompt_len > token_ids.shape[-1]:
         raise ValueError(f"prompt_len {prompt_len} is more than the {token_ids.shape[-1]} tokens of token_ids: pass "
                          "how many of its first tokens are the prompt")
@@ -184,7 +184,7 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
     check_sampling_args(temperature, top_k, top_p)
     check_decoding_args(min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty)
     if isinstance(attention_mask, Tensor):  # its values read once here, on the CPU: the forward reads them only there
-        check_attention_mask(attention_mask.cpu(), tuple(token_ids.shape), torch.device("cpu"))
+        require_attention_mask(attention_mask.cpu(), tuple(token_ids.shape), torch.device("cpu"))
         check_left_padding(attention_mask.cpu())
     prompt_len = token_ids.shape[1]
     finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
@@ -214,7 +214,7 @@ def generate_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, **s
 def stream_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, **settings) -> Iterator[str]:
     """Yield the text of each new token as it is generated. A BPE token can hold part of a character (an
     emoji is several bytes); such text is held back until the character is complete."""
-    check_type("prompt", prompt, str, "pass the prompt as text; stream_tokens takes token ids")
+    require_type("prompt", prompt, str, "pass the prompt as text; stream_tokens takes token ids")
     if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
         raise TypeError(f"tokenizer must encode and decode text (the model's CharTokenizer, or gpt2_tokenizer()), "
                         f"got {type(tokenizer).__name__}")
@@ -249,9 +249,9 @@ def check_beam_args(model: GPTModel, token_ids: Tensor, num_beams: int, max_new_
     if token_ids.shape[0] != 1:
         raise ValueError(f"beam_search takes one prompt, shaped (1, tokens), got {token_ids.shape[0]} rows: "
                          "call it once per prompt")
-    check_int("num_beams", num_beams, minimum=1)
-    check_int("max_new_tokens", max_new_tokens, minimum=1)
-    check_number("length_penalty", length_penalty, why="1 divides by the length, 0 ignores it, > 1 favours "
+    require_int("num_beams", num_beams, minimum=1)
+    require_int("max_new_tokens", max_new_tokens, minimum=1)
+    require_number("length_penalty", length_penalty, why="1 divides by the length, 0 ignores it, > 1 favours "
                  "longer hypotheses, < 0 shorter ones")
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
@@ -264,7 +264,7 @@ def best_extensions(scores: Tensor, logits: Tensor, k: int) -> tuple[Tensor, lis
     if not isinstance(scores, Tensor) or scores.shape != logits.shape[:1]:
         raise ValueError(f"scores must be one summed log-probability per beam, shape ({logits.shape[0]},) like the "
                          f"rows of logits, got {tuple(getattr(scores, 'shape', ())) or type(scores).__name__}")
-    check_int("k", k, minimum=1)
+    require_int("k", k, minimum=1)
     vocab = logits.shape[-1]
     totals = (scores[:, None] + torch.log_softmax(logits.float(), dim=-1)).view(-1)  # (beams * vocab_size,)
     best, index = totals.topk(min(k, totals.numel()))
@@ -328,7 +328,7 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str |
             isinstance(p, (list, tuple)) and p and all(isinstance(i, int) for i in p) for p in prompts):
         raise TypeError("prompts must be a non-empty list of non-empty lists of token ids, e.g. "
                         "[tokenizer.encode(text) for text in texts]")
-    check_int("pad_id", pad_id, minimum=0)
+    require_int("pad_id", pad_id, minimum=0)
     device = None if device is None else as_device(device)
     longest = max(map(len, prompts))
     token_ids = torch.tensor([[pad_id] * (longest - len(p)) + list(p) for p in prompts], device=device)
@@ -343,7 +343,7 @@ def check_mask_columns(attention_mask: Tensor, tokens: int) -> None:
                         f"got {type(attention_mask).__name__}")
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be (batch, tokens so far), got shape {tuple(attention_mask.shape)}")
-    check_int("tokens", tokens, minimum=0)
+    require_int("tokens", tokens, minimum=0)
     if tokens > attention_mask.shape[1]:
         raise ValueError(f"tokens {tokens} is more than the {attention_mask.shape[1]} columns of attention_mask: the "
                          "mask covers every token so far, the new ones included")
@@ -389,7 +389,7 @@ def forward(self: GPTModel, token_ids: Tensor, kv_caches: list[KVCache] | None =
     start_pos = check_forward_args(self, token_ids, kv_caches, last_only)  # cached positions: the new ones follow
     positions = may_attend = None
     if attention_mask is not None:
-        check_attention_mask(attention_mask, (token_ids.shape[0], start_pos + token_ids.shape[1]), token_ids.device)
+        require_attention_mask(attention_mask, (token_ids.shape[0], start_pos + token_ids.shape[1]), token_ids.device)
         positions = positions_after_padding(attention_mask, token_ids.shape[1])  # (batch, tokens)
         may_attend = padding_may_attend(attention_mask, token_ids.shape[1])  # (batch, 1, tokens, all)
     x = self.embedding(token_ids, start_pos, positions)  # (batch, tokens, emb_dim)
@@ -421,7 +421,7 @@ class SpeculativeResult:
 # %% ../notebooks/11_decoding.ipynb #d927599b-2
 def draw(probs: Tensor, generator: torch.Generator | None) -> int:
     """One token id drawn from probs (vocab_size,)."""
-    check_type("probs", probs, Tensor, "pass probabilities (vocab_size,), e.g. torch.softmax(logits, dim=-1)")
+    require_type("probs", probs, Tensor, "pass probabilities (vocab_size,), e.g. torch.softmax(logits, dim=-1)")
     return int(torch.multinomial(probs, 1, generator=generator))
 
 # %% ../notebooks/11_decoding.ipynb #draft-logits
@@ -460,8 +460,8 @@ def check_speculative_args(target: GPTModel, draft: GPTModel, token_ids: Tensor,
     check_generation_args(target, token_ids, max_new_tokens, None)
     if token_ids.shape[0] != 1:
         raise ValueError(f"speculative_generate takes one prompt, shaped (1, tokens), got {token_ids.shape[0]} rows")
-    check_int("num_draft", num_draft, minimum=1)
-    check_type("draft.cfg", getattr(draft, "cfg", None), GPTConfig, "pass a smaller GPTModel as the draft")
+    require_int("num_draft", num_draft, minimum=1)
+    require_type("draft.cfg", getattr(draft, "cfg", None), GPTConfig, "pass a smaller GPTModel as the draft")
     where = next(draft.parameters()).device
     if draft.cfg.vocab_size != target.cfg.vocab_size or where != token_ids.device:
         raise ValueError(f"draft must share the target's vocabulary ({target.cfg.vocab_size} ids) and device "

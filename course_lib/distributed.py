@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .config import GPT2_CONFIGS, GPTConfig
-from .guards import as_device, check_bool, check_int, check_type
+from .guards import as_device, require_bool, require_int, require_type
 from .model import GPTModel
 from .shards import ShardLoader, prepare
 from .tokenization import CharTokenizer, gpt2_tokenizer
@@ -33,8 +33,8 @@ from .training import TrainConfig, batch_loss, load_shakespeare, lr_at, make_opt
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25
 def flops_per_token(cfg: GPTConfig, n_params: int) -> int:
     "Training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's 12 x layers x T x d."
-    check_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
-    check_int("n_params", n_params, minimum=1)
+    require_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
+    require_int("n_params", n_params, minimum=1)
     return 6 * n_params + 12 * cfg.n_layers * cfg.context_length * cfg.emb_dim
 
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25-1
@@ -42,7 +42,7 @@ def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.f
                 repeats: int = 5) -> float:
     "FLOP/s of the fastest of `repeats` square matmuls of this size: the peak that MFU is measured against."
     for name, value in (("size", size), ("repeats", repeats)):
-        check_int(name, value, minimum=1)  # size 0 would time nothing, repeats 0 would leave no timing
+        require_int(name, value, minimum=1)  # size 0 would time nothing, repeats 0 would leave no timing
     device = as_device(device)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
@@ -93,16 +93,16 @@ class RunConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} {getattr(self, name)!r} is unknown: choose one of {choices}")
         for name in ("batch_tokens", "micro_batch", "checkpoint_every", "log_every", "vocab_multiple"):
-            check_int(name, getattr(self, name), minimum=1)
+            require_int(name, getattr(self, name), minimum=1)
         if self.total_steps is not None:
-            check_int("total_steps", self.total_steps, minimum=1)
-        check_bool("compile", self.compile)
-        check_int("seed", self.seed)
+            require_int("total_steps", self.total_steps, minimum=1)
+        require_bool("compile", self.compile)
+        require_int("seed", self.seed)
         for name in ("data_dir", "out_dir"):
             if not isinstance(getattr(self, name), (str, os.PathLike)):
                 raise TypeError(f"{name} must be a directory path (str or Path), got {getattr(self, name)!r}")
         if self.device is not None:
-            check_type("device", self.device, str, "name it, e.g. 'cpu', 'cuda' or 'cuda:1'")
+            require_type("device", self.device, str, "name it, e.g. 'cpu', 'cuda' or 'cuda:1'")
             as_device(self.device)  # a name torch does not know: a clear error now, not at the start of the run
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355
@@ -119,7 +119,7 @@ def environment() -> tuple[int, int, int]:
 # %% ../notebooks/13_scaling_up.ipynb #30d61355-1
 def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     "The device this rank trains on and the process-group backend that fits it, or a clear error."
-    check_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
+    require_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
     device = as_device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank if device.index is None else device.index)  # one GPU per rank
@@ -137,7 +137,7 @@ def accumulation_steps(batch_tokens: int, world_size: int, micro_batch: int, con
     "Micro-batches per rank and optimizer step, so that all ranks together see batch_tokens tokens."
     for name, value in (("batch_tokens", batch_tokens), ("world_size", world_size), ("micro_batch", micro_batch),
                         ("context_length", context_length)):
-        check_int(name, value, minimum=1)
+        require_int(name, value, minimum=1)
     per_pass = world_size * micro_batch * context_length
     if batch_tokens % per_pass:
         raise ValueError(f"batch_tokens {batch_tokens} is not a multiple of world_size x micro_batch x context_length"
@@ -193,7 +193,7 @@ def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
 def pretrain(run: RunConfig, progress: bool = True) -> dict:
     """Train the preset's GPTModel on run.data_dir's shards, on one process or as one rank of a torchrun job;
     resume from run.out_dir/checkpoint.pt if it exists. Returns the history (on every rank)."""
-    check_bool("progress", progress)
+    require_bool("progress", progress)
     rank, world_size, local_rank = environment()
     device, backend = pick_device_and_backend(run, local_rank)
     if world_size > 1:
@@ -228,7 +228,7 @@ def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfi
 # %% ../notebooks/13_scaling_up.ipynb #real-vocab
 def padded_gpt(cfg: GPTConfig, vocab_multiple: int, device: torch.device | str = "cpu") -> GPTModel:
     "GPTModel(cfg) on device with its vocabulary rounded up to a multiple of vocab_multiple, the padding rows zero."
-    check_int("vocab_multiple", vocab_multiple, minimum=1)
+    require_int("vocab_multiple", vocab_multiple, minimum=1)
     model = GPTModel(replace(cfg, vocab_size=-(-cfg.vocab_size // vocab_multiple) * vocab_multiple)).to(device)
     with torch.no_grad():  # no id reads the padding rows and the loss never scores them: they stay zero
         model.out_head.weight[cfg.vocab_size:] = 0
@@ -237,7 +237,7 @@ def padded_gpt(cfg: GPTConfig, vocab_multiple: int, device: torch.device | str =
 
 def real_vocab(model, vocab_size: int):
     "model's forward with the logits of padding rows cut off: token ids (batch, tokens) -> (batch, tokens, vocab_size)."
-    check_int("vocab_size", vocab_size, minimum=1)
+    require_int("vocab_size", vocab_size, minimum=1)
     return lambda token_ids: model(token_ids)[..., :vocab_size]
 
 
@@ -367,7 +367,7 @@ def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size
                     vocab_size: int | None = None) -> float:
     """Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks;
     vocab_size: the data's; pass it for a model with a padded vocabulary (None: all the model's logits count)."""
-    check_int("steps", steps, minimum=1)  # 0 batches have no mean loss
+    require_int("steps", steps, minimum=1)  # 0 batches have no mean loss
     model.eval()
     saved = loader.state_dict()
     loader.epoch, loader.position = 0, 0  # the same windows at every evaluation, whatever the world size

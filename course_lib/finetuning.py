@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from torch import Tensor, nn
 
-from .guards import check_int, check_number, check_type
+from .guards import require_int, require_number, require_type
 
 # %% ../notebooks/14_finetuning.ipynb #lora-linear
 class LoRALinear(nn.Module):
@@ -26,9 +26,9 @@ class LoRALinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, r: int, alpha: float):
         super().__init__()
-        check_type("linear", linear, nn.Linear, "wrap an existing layer, e.g. LoRALinear(block.att.out_proj, 8, 16)")
-        check_int("r", r, minimum=1)
-        check_number("alpha", alpha, 0, low_open=True, why="the update is multiplied by alpha / r")
+        require_type("linear", linear, nn.Linear, "wrap an existing layer, e.g. LoRALinear(block.att.out_proj, 8, 16)")
+        require_int("r", r, minimum=1)
+        require_number("alpha", alpha, 0, low_open=True, why="the update is multiplied by alpha / r")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight.requires_grad_(False)  # (out, in): the pretrained tensor itself, frozen
         self.bias = linear.bias.requires_grad_(False) if linear.bias is not None else None  # (out,) or None
@@ -78,7 +78,7 @@ def find_lora_targets(model: nn.Module, target_names) -> list[str]:
                            if isinstance(m, (nn.Linear, LoRALinear))})
     found = []
     for target in target_names:
-        check_type("each target name", target, str, "write the layer's name, e.g. 'att.out_proj'")
+        require_type("each target name", target, str, "write the layer's name, e.g. 'att.out_proj'")
         names = [n for n in modules if n == target or n.endswith("." + target)]
         if not names:
             raise ValueError(f"no layer of the model is named {target!r}: its linear layers are {linear_names}")
@@ -96,9 +96,9 @@ def find_lora_targets(model: nn.Module, target_names) -> list[str]:
 def apply_lora(model: nn.Module, target_names, r: int, alpha: float) -> list[str]:
     """Freeze every parameter of `model` and replace each layer named by `target_names` with a LoRALinear of rank
     r and scale alpha / r, in place. Returns the full names of the layers replaced."""
-    check_type("model", model, nn.Module, "pass the model to fine-tune, e.g. a GPTModel")
-    check_int("r", r, minimum=1)
-    check_number("alpha", alpha, 0, low_open=True, why="the update is multiplied by alpha / r")
+    require_type("model", model, nn.Module, "pass the model to fine-tune, e.g. a GPTModel")
+    require_int("r", r, minimum=1)
+    require_number("alpha", alpha, 0, low_open=True, why="the update is multiplied by alpha / r")
     names = find_lora_targets(model, target_names)
     owners = {}  # id of each parameter -> every name it has (a tied weight has two)
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -118,7 +118,7 @@ def apply_lora(model: nn.Module, target_names, r: int, alpha: float) -> list[str
 # %% ../notebooks/14_finetuning.ipynb #lora-layers
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     """Every LoRALinear of `model`, by its full name; an error if there is none."""
-    check_type("model", model, nn.Module, "pass the model you called apply_lora on")
+    require_type("model", model, nn.Module, "pass the model you called apply_lora on")
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
     if not layers:
         raise ValueError("the model has no LoRALinear layers: call apply_lora(model, target_names, r, alpha) first")
@@ -157,7 +157,7 @@ def lora_state_dict(model: nn.Module) -> dict[str, Tensor]:
 def load_lora_state_dict(model: nn.Module, state: dict[str, Tensor]) -> None:
     """Copy adapters saved by lora_state_dict into a model given the same apply_lora call (unmerged)."""
     layers = lora_layers(model)
-    check_type("state", state, dict, "pass the dictionary that lora_state_dict returned")
+    require_type("state", state, dict, "pass the dictionary that lora_state_dict returned")
     params = {f"{n}.{p}": getattr(layer, p) for n, layer in layers.items() for p in ("lora_A", "lora_B")}
     missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
     if missing or unexpected:
@@ -178,7 +178,7 @@ def load_lora_state_dict(model: nn.Module, state: dict[str, Tensor]) -> None:
 import json
 from dataclasses import dataclass
 
-from .guards import check_token_tensor
+from .guards import require_token_tensor
 from .model import GPTModel
 from .tokenization import DATA_DIR, CharTokenizer
 from .training import load_shakespeare
@@ -190,7 +190,7 @@ PLAYS_FILE = DATA_DIR / "shakespeare_plays.json"  # written by course_lib/data/m
 def play_speeches(text: str | None = None) -> tuple[list[str], list[int], list[str]]:
     """Every speech of the corpus without its "SPEAKER:" line, the index of its play, and the play names."""
     text = load_shakespeare() if text is None else text
-    check_type("text", text, str, "pass the corpus itself, load_shakespeare(), or leave it out")
+    require_type("text", text, str, "pass the corpus itself, load_shakespeare(), or leave it out")
     plays = json.loads(PLAYS_FILE.read_text(encoding="utf-8"))["plays"]
     if plays[-1]["end"] != len(text):
         raise ValueError(f"text has {len(text):,} characters but {PLAYS_FILE.name} ends at {plays[-1]['end']:,}: "
@@ -207,11 +207,11 @@ def play_speeches(text: str | None = None) -> tuple[list[str], list[int], list[s
 def stratified_split(labels: list[int], fractions: tuple[float, ...], seed: int) -> list[Tensor]:
     """Indices of the items in each split: every class is shuffled (seeded) and cut by `fractions`, so each
     split holds about the same share of every class, and every item is in exactly one split."""
-    check_type("labels", labels, list, "pass one int label per item")
-    check_type("fractions", fractions, tuple, "pass e.g. (0.8, 0.1, 0.1)")
+    require_type("labels", labels, list, "pass one int label per item")
+    require_type("fractions", fractions, tuple, "pass e.g. (0.8, 0.1, 0.1)")
     if not fractions or any(not isinstance(f, float) or f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
         raise ValueError(f"fractions must be positive floats that sum to 1, got {fractions}")
-    check_int("seed", seed)
+    require_int("seed", seed)
     generator = torch.Generator().manual_seed(seed)
     labels = torch.tensor(labels)  # (items,)
     splits = [[] for _ in fractions]
@@ -242,8 +242,8 @@ class Passages:
 # %% ../notebooks/14_finetuning.ipynb #encode-passages
 def encode_passages(texts: list[str], labels: list[int], tokenizer: CharTokenizer, max_chars: int) -> Passages:
     """The last max_chars characters of each text (all of a shorter one), as one right-padded batch."""
-    check_type("texts", texts, list, "pass a list of strings")
-    check_int("max_chars", max_chars, minimum=1)
+    require_type("texts", texts, list, "pass a list of strings")
+    require_int("max_chars", max_chars, minimum=1)
     if len(texts) != len(labels) or not texts:
         raise ValueError(f"texts ({len(texts)}) and labels ({len(labels)}) must have one label per text, and not 0")
     empty = [i for i, text in enumerate(texts) if not text]
@@ -264,7 +264,7 @@ def play_passages(tokenizer: CharTokenizer, max_chars: int = 128, min_chars: int
     min_chars characters; each group is one passage (its last max_chars characters), labelled with its play. The
     groups are split into train/val/test, stratified by play, so no speech is in two splits. Returns the splits
     (`source`: the index of each passage's first speech) and the play names."""
-    check_int("min_chars", min_chars, minimum=1)
+    require_int("min_chars", min_chars, minimum=1)
     if not (isinstance(fractions, tuple) and len(fractions) == 3):
         raise ValueError(f"fractions must be three shares (train, val, test) such as (0.8, 0.1, 0.1), got {fractions!r}")
     speeches, labels, names = play_speeches()
@@ -305,13 +305,13 @@ class BagOfChars(nn.Module):
 
     def __init__(self, vocab_size: int, num_classes: int):
         super().__init__()
-        check_int("vocab_size", vocab_size, minimum=1)
-        check_int("num_classes", num_classes, minimum=2)
+        require_int("vocab_size", vocab_size, minimum=1)
+        require_int("num_classes", num_classes, minimum=2)
         self.vocab_size = vocab_size
         self.out_head = nn.Linear(vocab_size, num_classes)
 
     def forward(self, token_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
-        check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.vocab_size)
+        require_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.vocab_size)
         lengths = check_lengths(lengths, token_ids)
         real = torch.arange(token_ids.shape[1], device=token_ids.device) < lengths[:, None]  # (batch, tokens)
         counts = (F.one_hot(token_ids, self.vocab_size) * real[..., None]).sum(1)  # (batch, vocab_size)
@@ -322,12 +322,12 @@ def train_classifier(model: nn.Module, data: Passages, epochs: int, lr: float, b
                      weight_decay: float = 0.0, seed: int = 0) -> list[float]:
     """AdamW on the parameters of `model` that require grad, cross-entropy on data's labels, `epochs` passes in
     a seeded random order (dropout on). Returns the loss of every step; leaves the model in eval mode."""
-    check_type("model", model, nn.Module, "pass a ClassifierGPT or a BagOfChars")
-    check_type("data", data, Passages, "build it with play_passages(...) or encode_passages(...)")
-    check_int("epochs", epochs, minimum=1)
-    check_int("batch_size", batch_size, minimum=1)
-    check_number("lr", lr, 0, low_open=True, why="the AdamW learning rate")
-    check_number("weight_decay", weight_decay, 0)
+    require_type("model", model, nn.Module, "pass a ClassifierGPT or a BagOfChars")
+    require_type("data", data, Passages, "build it with play_passages(...) or encode_passages(...)")
+    require_int("epochs", epochs, minimum=1)
+    require_int("batch_size", batch_size, minimum=1)
+    require_number("lr", lr, 0, low_open=True, why="the AdamW learning rate")
+    require_number("weight_decay", weight_decay, 0)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no parameter that requires grad: unfreeze the head, e.g. "
@@ -354,9 +354,9 @@ def train_classifier(model: nn.Module, data: Passages, epochs: int, lr: float, b
 @torch.no_grad()
 def accuracy(model: nn.Module, data: Passages, batch_size: int = 256) -> float:
     """The share of data's passages whose highest logit is their label (eval mode, no dropout)."""
-    check_type("model", model, nn.Module, "pass a ClassifierGPT or a BagOfChars")
-    check_type("data", data, Passages, "build it with play_passages(...) or encode_passages(...)")
-    check_int("batch_size", batch_size, minimum=1)
+    require_type("model", model, nn.Module, "pass a ClassifierGPT or a BagOfChars")
+    require_type("data", data, Passages, "build it with play_passages(...) or encode_passages(...)")
+    require_int("batch_size", batch_size, minimum=1)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -375,8 +375,8 @@ class ClassifierGPT(nn.Module):
 
     def __init__(self, model: GPTModel, num_classes: int):
         super().__init__()
-        check_type("model", model, GPTModel, "pass a pretrained GPTModel, e.g. load_shakespeare_gpt()[0]")
-        check_int("num_classes", num_classes, minimum=2)
+        require_type("model", model, GPTModel, "pass a pretrained GPTModel, e.g. load_shakespeare_gpt()[0]")
+        require_int("num_classes", num_classes, minimum=2)
         self.cfg = model.cfg
         self.embedding, self.trf_blocks, self.final_norm = model.embedding, model.trf_blocks, model.final_norm
         like = model.final_norm.scale  # the new head gets the body's dtype and device
@@ -385,7 +385,7 @@ class ClassifierGPT(nn.Module):
     def forward(self, token_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
         """token_ids (batch, tokens), right-padded; lengths (batch,) real tokens of each (None: all are real)
         -> logits (batch, num_classes)."""
-        check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.cfg.vocab_size,
+        require_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.cfg.vocab_size,
                            device=self.out_head.weight.device, max_tokens=self.cfg.context_length)
         lengths = check_lengths(lengths, token_ids)
         x = self.embedding(token_ids)  # (batch, tokens, emb_dim)
@@ -420,8 +420,8 @@ def grow_vocabulary(model: GPTModel, n_new: int) -> GPTModel:
     """A copy of `model` that knows n_new more tokens, numbered after the old ones: the token embedding and the
     output head get n_new new rows, each the mean of the old rows; the old rows are copied bit for bit, and the
     model passed in is left as it was. A tied model stays tied."""
-    check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. load_shakespeare_gpt()[0]")
-    check_int("n_new", n_new, minimum=1)
+    require_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. load_shakespeare_gpt()[0]")
+    require_int("n_new", n_new, minimum=1)
     grown = copy.deepcopy(model)
     grown.cfg = replace(model.cfg, vocab_size=model.cfg.vocab_size + n_new)
 
@@ -443,8 +443,8 @@ def train_new_rows(model: GPTModel, first_new: int) -> list[Tensor]:
     """Make the token embedding and the output head trainable, but only their rows first_new, first_new + 1, ...:
     a gradient hook zeroes the gradient of every older row. Train them with weight_decay=0, so that AdamW leaves
     a row whose gradient is always zero exactly as it was. Returns the parameters (one if tied)."""
-    check_type("model", model, GPTModel, "pass the model that grow_vocabulary returned")
-    check_int("first_new", first_new, minimum=1)
+    require_type("model", model, GPTModel, "pass the model that grow_vocabulary returned")
+    require_int("first_new", first_new, minimum=1)
     if first_new >= model.cfg.vocab_size:
         raise ValueError(f"first_new is {first_new}, but the vocabulary has only {model.cfg.vocab_size} tokens: pass "
                          "the old vocabulary size, the id of the first token grow_vocabulary added")
@@ -464,7 +464,7 @@ class ChatTokenizer:
     66, 67). encode reads each chat token as one id; decode writes it back as its text."""
 
     def __init__(self, char_tokenizer: CharTokenizer):
-        check_type("char_tokenizer", char_tokenizer, CharTokenizer, "pass the model's tokenizer, e.g. "
+        require_type("char_tokenizer", char_tokenizer, CharTokenizer, "pass the model's tokenizer, e.g. "
                    "load_shakespeare_gpt()[1]")
         self.char_tokenizer = char_tokenizer
         n = char_tokenizer.vocab_size
@@ -477,7 +477,7 @@ class ChatTokenizer:
         return self.char_tokenizer.vocab_size + len(CHAT_TOKENS)
 
     def encode(self, text: str) -> list[int]:
-        check_type("text", text, str, "decode bytes first with .decode('utf-8')")
+        require_type("text", text, str, "decode bytes first with .decode('utf-8')")
         ids = []
         for piece in self.splitter.split(text):  # "<|user|>Hi" -> ["", "<|user|>", "Hi"]
             ids += [self.special_ids[piece]] if piece in self.special_ids else self.char_tokenizer.encode(piece)
@@ -495,7 +495,7 @@ def format_chat(instruction: str, response: str | None = None) -> str:
     for name, text in (("instruction", instruction), ("response", response)):
         if text is None and name == "response":
             continue
-        check_type(name, text, str, "pass the text of the turn")
+        require_type(name, text, str, "pass the text of the turn")
         found = [token for token in CHAT_TOKENS if token in text]
         if found:
             raise ValueError(f"{name} contains the chat token {found[0]!r}: the turn's text may not hold "
@@ -508,10 +508,10 @@ def chat_batch(tokenizer: ChatTokenizer, examples, context_length: int) -> tuple
     """Inputs and targets, both (batch, tokens), for (instruction, response) pairs: each row is the exchange of
     format_chat shifted by one, padded on the right with <|end|>. A target is IGNORE_INDEX at every position whose
     next token belongs to the prompt, and on the padding: only the response and its <|end|> count in the loss."""
-    check_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
+    require_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
     if not isinstance(examples, (list, tuple)) or not examples:
         raise TypeError(f"examples must be a non-empty list of (instruction, response) pairs, got {examples!r}")
-    check_int("context_length", context_length, minimum=1)
+    require_int("context_length", context_length, minimum=1)
     rows = []
     for i, pair in enumerate(examples):
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
@@ -531,8 +531,8 @@ def chat_batch(tokenizer: ChatTokenizer, examples, context_length: int) -> tuple
 # %% ../notebooks/14_finetuning.ipynb #chat-loss
 def chat_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
     """The mean next-token loss over the targets that are not IGNORE_INDEX (the response tokens)."""
-    check_type("inputs", inputs, Tensor, "build inputs and targets with chat_batch(...)")
-    check_type("targets", targets, Tensor, "build inputs and targets with chat_batch(...)")
+    require_type("inputs", inputs, Tensor, "build inputs and targets with chat_batch(...)")
+    require_type("targets", targets, Tensor, "build inputs and targets with chat_batch(...)")
     if targets.shape != inputs.shape or targets.dtype != torch.int64:
         raise ValueError(f"targets must be int64 of the inputs' shape {tuple(inputs.shape)}, got {targets.dtype} "
                          f"{tuple(targets.shape)}: build both with chat_batch(...)")
@@ -545,7 +545,7 @@ def chat_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
 def speeches(text: str) -> list[tuple[str, list[str]]]:
     """The speeches of a stretch of the corpus, in order: (speaker, its lines) for every block "SPEAKER:\\nline\\n...".
     A block cut off at either end of the stretch, with no heading, is left out."""
-    check_type("text", text, str, "pass the corpus text, or a part of it")
+    require_type("text", text, str, "pass the corpus text, or a part of it")
     found = []
     for block in text.split("\n\n"):
         head, colon, body = block.strip("\n").partition(":\n")
@@ -572,11 +572,11 @@ def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", ma
     """`per_task` instructions of each INSTRUCTION_TASKS task, drawn (seeded) from the speeches of `text`: dicts
     {"task", "instruction", "response"}. A line that occurs in `exclude` (e.g. the training text) is never used,
     so held-out answers cannot be recalled; lines are 12 to max_line characters (the speaker task's two: 8 to 28)."""
-    check_type("text", text, str, "pass the corpus text, or a part of it")
-    check_type("exclude", exclude, str, "pass the text whose lines may not be used, or ''")
-    check_int("per_task", per_task, minimum=1)
-    check_int("seed", seed)
-    check_int("max_line", max_line, minimum=12)
+    require_type("text", text, str, "pass the corpus text, or a part of it")
+    require_type("exclude", exclude, str, "pass the text whose lines may not be used, or ''")
+    require_int("per_task", per_task, minimum=1)
+    require_int("seed", seed)
+    require_int("max_line", max_line, minimum=12)
     found = speeches(text)
     pairs = [(who, line, *prev) for (before, lines_before), (who, lines) in zip(found, found[1:])
              for line in lines for prev in [(before, lines_before[-1])] if line not in exclude]
@@ -598,8 +598,8 @@ def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", ma
 def check_reply(example: dict, reply: str) -> bool:
     """Whether `reply` answers the instruction `example` (a dict of make_instructions): the exact answer, or, for
     "continue", which has no single answer, the speaker's heading and then one line of speech."""
-    check_type("example", example, dict, "pass one dict that make_instructions returned")
-    check_type("reply", reply, str, "pass the model's reply, e.g. from chat_reply")
+    require_type("example", example, dict, "pass one dict that make_instructions returned")
+    require_type("reply", reply, str, "pass the model's reply, e.g. from chat_reply")
     if example.get("task") not in INSTRUCTION_TASKS or "response" not in example:
         raise ValueError(f"example must have a 'task' among {list(INSTRUCTION_TASKS)} and a 'response', got "
                          f"{sorted(example)}")
@@ -613,8 +613,8 @@ def chat_reply(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, max_
                temperature: float = 0.0, generator: torch.Generator | None = None) -> str:
     """The model's answer to one instruction: generate from the chat prompt until <|end|> (not included) or
     max_new_tokens (default: all the room left in the context). Greedy unless temperature > 0."""
-    check_type("model", model, GPTModel, "pass the fine-tuned model")
-    check_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
+    require_type("model", model, GPTModel, "pass the fine-tuned model")
+    require_type("tokenizer", tokenizer, ChatTokenizer, "wrap the model's tokenizer: ChatTokenizer(char_tokenizer)")
     if tokenizer.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {model.cfg.vocab_size}: grow "
                          f"the model with grow_vocabulary(model, {len(CHAT_TOKENS)}) first")
@@ -625,7 +625,7 @@ def chat_reply(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, max_
                          f"{model.cfg.context_length}: shorten it to leave room for an answer")
     if max_new_tokens is None:
         max_new_tokens = room
-    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    require_int("max_new_tokens", max_new_tokens, minimum=1)
     ids = torch.tensor([prompt], device=model.out_head.weight.device)  # (1, prompt tokens)
     out = generate(model, ids, min(max_new_tokens, room), temperature=temperature, eos_id=tokenizer.end_id,
                    generator=generator)[0, len(prompt):].tolist()  # the new tokens
@@ -639,7 +639,7 @@ def chat_state_dict(model: GPTModel, first_new: int) -> dict[str, Tensor]:
     """What fine-tuning for chat changed, and nothing else: the LoRA adapters and the rows of the token embedding
     and of the output head from first_new on (the chat tokens), as detached copies."""
     state = lora_state_dict(model)  # also checks that the model has adapters
-    check_int("first_new", first_new, minimum=1)
+    require_int("first_new", first_new, minimum=1)
     if first_new >= model.cfg.vocab_size:
         raise ValueError(f"first_new is {first_new}, but the vocabulary has {model.cfg.vocab_size} tokens: pass the "
                          "old vocabulary size")

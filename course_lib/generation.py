@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache
 from .config import GPTConfig
-from .guards import check_bool, check_int, check_number, check_token_tensor, check_type
+from .guards import require_bool, require_int, require_number, require_token_tensor, require_type
 from .model import GPTModel
 from .tokenization import EOS_ID
 
@@ -36,9 +36,9 @@ def check_forward_args(model: GPTModel, token_ids: Tensor, kv_caches: list[KVCac
     """Raise a clear error for token ids, caches or a last_only that forward cannot use; return the number of
     cached positions, where the new tokens start."""
     check_kv_caches(kv_caches, len(model.trf_blocks))
-    check_bool("last_only", last_only)  # "no" would be truthy: the last position only, silently
+    require_bool("last_only", last_only)  # "no" would be truthy: the last position only, silently
     start_pos = 0 if kv_caches is None else len(kv_caches[0])  # new tokens continue after the cached ones
-    check_token_tensor("token_ids", token_ids, dims=2, vocab_size=model.cfg.vocab_size,
+    require_token_tensor("token_ids", token_ids, dims=2, vocab_size=model.cfg.vocab_size,
                        device=model.out_head.weight.device, max_tokens=model.cfg.context_length - start_pos)
     if start_pos and kv_caches[0].keys.shape[0] != token_ids.shape[0]:
         raise ValueError(f"kv_caches hold {kv_caches[0].keys.shape[0]} rows (sequences) but token_ids has "
@@ -72,28 +72,28 @@ def check_generation_args(model: nn.Module, token_ids: Tensor, max_new_tokens: i
     """Raise a clear error for a model, prompt, length, context window or end token generation cannot use;
     return how many of the last tokens the model reads: context_length, or the model's own when it is None."""
     cfg = getattr(model, "cfg", None)  # a GPTModel, or a wrapper that passes its attributes on (torch.compile)
-    check_type("model.cfg", cfg, GPTConfig, "pass a GPTModel, built with GPTModel(cfg)")
-    check_token_tensor("token_ids", token_ids, dims=2, vocab_size=cfg.vocab_size)
-    check_int("max_new_tokens", max_new_tokens, minimum=0)
+    require_type("model.cfg", cfg, GPTConfig, "pass a GPTModel, built with GPTModel(cfg)")
+    require_token_tensor("token_ids", token_ids, dims=2, vocab_size=cfg.vocab_size)
+    require_int("max_new_tokens", max_new_tokens, minimum=0)
     if context_length is None and token_ids.shape[1] + max_new_tokens > cfg.context_length:
         raise ValueError(f"a prompt of {token_ids.shape[1]} tokens + max_new_tokens {max_new_tokens} = "
                          f"{token_ids.shape[1] + max_new_tokens} tokens, more than the model's context_length "
                          f"{cfg.context_length}, and cropping is off: shorten the prompt or max_new_tokens, or pass "
                          f"context_length={cfg.context_length} to keep only the last {cfg.context_length} tokens")
     if context_length is not None:
-        check_int("context_length", context_length, minimum=1)
-        check_number("context_length", context_length, 1, cfg.context_length, why="it is how many of the last "
+        require_int("context_length", context_length, minimum=1)
+        require_number("context_length", context_length, 1, cfg.context_length, why="it is how many of the last "
                      "tokens the model reads, at most the model's own context_length")
     if eos_id is not None:  # an id the model can never produce would never stop a row
-        check_int("eos_id", eos_id, minimum=0)
-        check_number("eos_id", eos_id, 0, cfg.vocab_size - 1, why=f"for GPT-2's <|endoftext|> pass {EOS_ID}")
+        require_int("eos_id", eos_id, minimum=0)
+        require_number("eos_id", eos_id, 0, cfg.vocab_size - 1, why=f"for GPT-2's <|endoftext|> pass {EOS_ID}")
     return cfg.context_length if context_length is None else context_length
 
 # %% ../notebooks/08_generation.ipynb #1c909f37
 @contextmanager
 def eval_mode(model: nn.Module):
     """Switch every submodule to eval mode (dropout off) inside the with-block, then restore each one's mode."""
-    check_type("model", model, nn.Module, "pass the model itself, like GPTModel(cfg)")
+    require_type("model", model, nn.Module, "pass the model itself, like GPTModel(cfg)")
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
@@ -118,12 +118,12 @@ def generate_text_simple(model: GPTModel, token_ids: Tensor, max_new_tokens: int
 # %% ../notebooks/08_generation.ipynb #556e4b72-1
 def check_sampling_args(temperature=0.0, top_k=None, top_p=None) -> None:
     """Raise a clear error for a temperature, top_k or top_p no sampler can use (None turns a filter off)."""
-    check_number("temperature", temperature, 0, math.inf, high_open=True,
+    require_number("temperature", temperature, 0, math.inf, high_open=True,
                  why="0 means greedy (argmax), 1 samples the model's own distribution, above 1 flattens it")
     if top_k is not None:  # None: no top-k filter
-        check_int("top_k", top_k, minimum=1)
+        require_int("top_k", top_k, minimum=1)
     if top_p is not None:  # None: no top-p filter
-        check_number("top_p", top_p, 0, 1, low_open=True, why="top_p=0.9 keeps the most likely tokens until "
+        require_number("top_p", top_p, 0, 1, low_open=True, why="top_p=0.9 keeps the most likely tokens until "
                      "their probabilities add up to 0.9, top_p=1 keeps them all")
 
 # %% ../notebooks/08_generation.ipynb #check-logits
@@ -143,7 +143,7 @@ def check_logits(logits, dims: int | None = None) -> None:
 def scale_logits(logits: Tensor, temperature: float) -> Tensor:
     """Divide the logits by a temperature > 0: below 1 sharpens the distribution, above 1 flattens it."""
     check_logits(logits)
-    check_number("temperature", temperature, 0, math.inf, low_open=True, high_open=True, why="temperature 0 "
+    require_number("temperature", temperature, 0, math.inf, low_open=True, high_open=True, why="temperature 0 "
                  "stands for greedy decoding, so take logits.argmax(dim=-1) instead of dividing by zero")
     return logits / temperature
 
@@ -208,7 +208,7 @@ class StaticKVCache(KVCache):
 
     def __init__(self, capacity: int):
         super().__init__()
-        check_int("capacity", capacity, minimum=1)
+        require_int("capacity", capacity, minimum=1)
         self.capacity = capacity
         self.key_store: Tensor | None = None  # (batch, n_heads, capacity, head_dim), allocated by the first append
         self.value_store: Tensor | None = None
@@ -243,8 +243,8 @@ def next_token_logits(model: GPTModel, token_ids: Tensor, caches: list[KVCache],
     """The logits (batch, vocab_size) of the token after token_ids (batch, tokens), with the caches kept in step:
     only the newest token is fed, except at the first step and whenever the window of the last context_length
     tokens is full, when the caches are emptied and refilled from the window. model_args go to the model."""
-    check_token_tensor("token_ids", token_ids, dims=2)  # its shape; the model checks the values it is fed
-    check_int("context_length", context_length, minimum=1)
+    require_token_tensor("token_ids", token_ids, dims=2)  # its shape; the model checks the values it is fed
+    require_int("context_length", context_length, minimum=1)
     if not isinstance(caches, (list, tuple)) or not caches:
         raise ValueError("caches must be model.new_kv_caches() or one StaticKVCache per block: they are refilled here")
     if len(caches[0]) in (0, context_length):  # first step, or the window is full: (re)fill the caches
@@ -316,10 +316,10 @@ class GraphedGreedyDecoder:
     against cuBLAS's and keeps the faster (a minute or more of compiling). The model's dtype is the decoding dtype."""
 
     def __init__(self, model: GPTModel, capacity: int, batch: int = 1, compile: bool | str = False):
-        check_type("model", model, GPTModel, "build one with GPTModel(cfg)")
-        check_int("capacity", capacity, minimum=2)  # the prompt and the new tokens
-        check_number("capacity", capacity, 2, model.cfg.context_length, why="no position past the model's context")
-        check_int("batch", batch, minimum=1)
+        require_type("model", model, GPTModel, "build one with GPTModel(cfg)")
+        require_int("capacity", capacity, minimum=2)  # the prompt and the new tokens
+        require_number("capacity", capacity, 2, model.cfg.context_length, why="no position past the model's context")
+        require_int("batch", batch, minimum=1)
         if not (isinstance(compile, bool) or compile == "max-autotune-no-cudagraphs"):  # other modes bring graphs
             raise ValueError(f"compile must be False, True or 'max-autotune-no-cudagraphs', got {compile!r}")
         weight = model.out_head.weight
@@ -353,7 +353,7 @@ class GraphedGreedyDecoder:
 @patch
 def capture(self: GraphedGreedyDecoder, warmups: int = 3) -> None:
     """Record one step in a CUDA graph (self.graph), after `warmups` runs on a side stream."""
-    check_int("warmups", warmups, minimum=1)  # torch.compile compiles in the first run: never inside a recording
+    require_int("warmups", warmups, minimum=1)  # torch.compile compiles in the first run: never inside a recording
     device = self.tokens.device
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -372,8 +372,8 @@ def capture(self: GraphedGreedyDecoder, warmups: int = 3) -> None:
 def generate(self: GraphedGreedyDecoder, token_ids: Tensor, max_new_tokens: int) -> Tensor:
     """Extend each prompt in token_ids (batch, tokens) by max_new_tokens greedy tokens -> (batch, tokens + new)."""
     batch, capacity = self.tokens.shape
-    check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.model.cfg.vocab_size, device=self.tokens.device)
-    check_int("max_new_tokens", max_new_tokens, minimum=0)
+    require_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.model.cfg.vocab_size, device=self.tokens.device)
+    require_int("max_new_tokens", max_new_tokens, minimum=0)
     prompt = token_ids.shape[1]
     if token_ids.shape[0] != batch or prompt + max_new_tokens > capacity:
         raise ValueError(f"this decoder holds {batch} row(s) of up to {capacity} tokens; token_ids has "

@@ -1,18 +1,19 @@
-"""Not a lesson: the argument checks that every lesson module shares. It checks plain values and tensors and
-imports nothing from the course, so every module can use it (the config's own check, `check_config`, lives in
-config.py; GPT-2's end-of-text id, `EOS_ID`, in tokenization.py).
+"""Not a lesson: the argument guards that every door shares (`course_lib/doors/`, one file per lesson). It checks
+plain values and tensors and imports nothing from the course, so every door can use it.
 
-A lesson's code calls one guard per argument in one line, then shows its mathematics. Each guard raises
+A door calls one guard per argument in one line; the lesson function calls its door in one line, then shows its
+mathematics. Guards are named `require_*` (never `check_*`, the prefix of the exercise checks). Each guard raises
 TypeError (the wrong kind of value) or ValueError (the right kind, an impossible value) with a message that
 names the argument, the value and the fix, so bad input never reaches a deep PyTorch error or, worse, a
 silently wrong answer."""
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
 
-def check_int(name: str, value, minimum: int | None = None) -> None:
+def require_int(name: str, value, minimum: int | None = None) -> None:
     """An int (a bool is not accepted), at least `minimum` when one is given."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -20,13 +21,13 @@ def check_int(name: str, value, minimum: int | None = None) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def check_bool(name: str, value) -> None:
+def require_bool(name: str, value) -> None:
     """True or False, nothing else (not 0, 1 or None)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
-def check_number(name: str, value, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+def require_number(name: str, value, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
                  high_open: bool = False, why: str = "") -> None:
     """A real number (int or float, not a bool or NaN) between low and high; `low_open`/`high_open` leave that
     end out of the interval. `why` says what the number means, to help choose a valid one."""
@@ -39,7 +40,7 @@ def check_number(name: str, value, low: float = -math.inf, high: float = math.in
         raise ValueError(f"{name} must be in {interval}, got {value}" + (f": {why}" if why else ""))
 
 
-def check_type(name: str, value, expected: type, fix: str) -> None:
+def require_type(name: str, value, expected: type, fix: str) -> None:
     """An instance of `expected`; `fix` says how to make one."""
     if not isinstance(value, expected):
         raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}: {fix}")
@@ -54,7 +55,7 @@ def as_device(device) -> torch.device:
                          f"{device!r}") from error
 
 
-def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
+def require_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
                        device: torch.device | None = None, max_tokens: int | None = None) -> None:
     """A non-empty tensor of integer token ids with `dims` dimensions ((tokens,) or (batch, tokens)); with
     `device`, on that device; with `max_tokens`, at most that many tokens (the last dimension); with `vocab_size`,
@@ -87,7 +88,7 @@ def check_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
                              f"0 .. {vocab_size - 1}")
 
 
-def check_attention_mask(mask, shape: tuple[int, int], device: torch.device) -> None:
+def require_attention_mask(mask, shape: tuple[int, int], device: torch.device) -> None:
     """A padding mask of `shape` (batch, tokens so far) on `device`: 1 or True for a real token, 0 or False for
     padding, as bools or integers (the values read, as the ids', only on the CPU outside torch.compile)."""
     if not isinstance(mask, Tensor) or mask.dtype.is_floating_point or mask.dtype.is_complex:
@@ -101,3 +102,16 @@ def check_attention_mask(mask, shape: tuple[int, int], device: torch.device) -> 
     readable = mask.device.type == "cpu" and not torch.compiler.is_compiling()
     if mask.dtype != torch.bool and readable and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("attention_mask must hold only 1 (a real token) and 0 (padding)")
+
+
+_RENAMED = {f"check_{kind}": f"require_{kind}" for kind in ("int", "bool", "number", "type", "token_tensor",
+                                                             "attention_mask")}
+
+
+def __getattr__(name: str):
+    """The guards' names before the doors got their own layer (check_int, ...), importable for one version."""
+    if name in _RENAMED:
+        warnings.warn(f"course_lib.guards.{name} is now course_lib.guards.{_RENAMED[name]}", DeprecationWarning,
+                      stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .guards import check_int, check_number, check_token_tensor, check_type
+from .guards import require_int, require_number, require_token_tensor, require_type
 from .model import GPTModel
 from .pretrained import save_gpt2
 from .tokenization import CharTokenizer
@@ -126,7 +126,7 @@ GPT2_VOCAB_SIZE = 50257  # a model with this vocabulary gets GPT-2's tokenizer f
 # %% ../notebooks/12_interpretability.ipynb #2d247a89-1
 def hf_tokenizer_for(tokenizer: CharTokenizer):
     "A Hugging Face fast tokenizer with the same ids as the course's CharTokenizer: one id per character."
-    check_type("tokenizer", tokenizer, CharTokenizer, "pass the CharTokenizer the model was trained with")
+    require_type("tokenizer", tokenizer, CharTokenizer, "pass the CharTokenizer the model was trained with")
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     core = Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(tokenizer.chars)}, unk_token=None))
@@ -137,9 +137,9 @@ def hf_tokenizer_for(tokenizer: CharTokenizer):
 # %% ../notebooks/12_interpretability.ipynb #2d247a89-2
 def to_transformer_lens(model: GPTModel, tokenizer: CharTokenizer | None = None):
     "A TransformerLens TransformerBridge with the model's weights, through a save_gpt2 folder; offline."
-    check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
+    require_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
     if tokenizer is not None:
-        check_type("tokenizer", tokenizer, CharTokenizer, "pass the model's CharTokenizer, or None for GPT-2's")
+        require_type("tokenizer", tokenizer, CharTokenizer, "pass the model's CharTokenizer, or None for GPT-2's")
     expected = GPT2_VOCAB_SIZE if tokenizer is None else tokenizer.vocab_size  # None: GPT-2's files come with save_gpt2
     if expected != model.cfg.vocab_size:
         raise ValueError(f"tokenizer: it has {expected} token ids, the model {model.cfg.vocab_size}: pass the "
@@ -184,7 +184,7 @@ def first_token_score(pattern: Tensor) -> Tensor:
 def induction_score(pattern: Tensor, period: int) -> Tensor:
     "(batch, heads, q, k) of a sequence repeated with this period -> (heads,): mean weight on q - period + 1."
     check_pattern(pattern)
-    check_int("period", period, minimum=1)
+    require_int("period", period, minimum=1)
     if not 1 <= period <= pattern.shape[-1] // 2:
         raise ValueError(f"period {period}: the pattern covers {pattern.shape[-1]} tokens, not two copies of the repeat")
     # entries (q, q - period + 1) for q = period - 1 ...; the queries of the second copy start at q = period
@@ -193,8 +193,8 @@ def induction_score(pattern: Tensor, period: int) -> Tensor:
 # %% ../notebooks/12_interpretability.ipynb #check-targets
 def check_lens_targets(model: GPTModel, stream: Tensor, target_ids: Tensor) -> None:
     "target_ids (batch, tokens): one id of the model's vocabulary per position of the cached stream."
-    check_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
-    check_token_tensor("target_ids", target_ids, dims=2, vocab_size=model.cfg.vocab_size)
+    require_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
+    require_token_tensor("target_ids", target_ids, dims=2, vocab_size=model.cfg.vocab_size)
     if target_ids.shape != stream.shape[:2]:
         raise ValueError(f"target_ids must hold one id per cached position, shape {tuple(stream.shape[:2])}, got "
                          f"{tuple(target_ids.shape)}: for next-token targets cache token_ids[:, :-1] and pass "
@@ -217,7 +217,7 @@ def logit_lens(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) ->
 # %% ../notebooks/12_interpretability.ipynb #7915c4cd
 def head_logit_attribution(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) -> Tensor:
     "(n_layers, n_heads, batch, tokens): each head's direct contribution to the logit of target_ids."
-    check_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
+    require_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
     stream = cache[f"blocks.{len(model.trf_blocks) - 1}.resid_post"]
     check_lens_targets(model, stream, target_ids)
     norm = model.final_norm
@@ -242,7 +242,7 @@ class NoFeedForward(nn.Module):
 # %% ../notebooks/12_interpretability.ipynb #ca2fd4d0-1
 def attention_only(model: GPTModel) -> GPTModel:
     "The model with every block's feed-forward replaced by NoFeedForward (in place): only heads write."
-    check_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
+    require_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
     for block in model.trf_blocks:
         block.ff = NoFeedForward()
     return model
@@ -253,10 +253,10 @@ class SecondOrderChain:
     softmax(after_one[x_t] + after_two[x_(t-1)]), two (vocab, vocab) tables of random logits times strength."""
 
     def __init__(self, vocab_size: int, strength: float = 3.0, seed: int = 0):
-        check_int("vocab_size", vocab_size, minimum=2)
-        check_number("strength", strength, 0, math.inf, high_open=True,
+        require_int("vocab_size", vocab_size, minimum=2)
+        require_number("strength", strength, 0, math.inf, high_open=True,
                      why="0 gives uniform random tokens, larger a more predictable chain")
-        check_int("seed", seed)
+        require_int("seed", seed)
         generator = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
         self.after_one = strength * torch.randn(vocab_size, vocab_size, generator=generator)
@@ -264,8 +264,8 @@ class SecondOrderChain:
 
     def sample(self, n: int, length: int, generator: torch.Generator) -> Tensor:
         "(n, length) token ids: the first two uniform, every later one drawn given the two before it."
-        check_int("n", n, minimum=0)
-        check_int("length", length, minimum=0)
+        require_int("n", n, minimum=0)
+        require_int("length", length, minimum=0)
         ids = torch.randint(0, self.vocab_size, (n, length), generator=generator)
         for t in range(2, length):
             logits = self.after_one[ids[:, t - 1]] + self.after_two[ids[:, t - 2]]  # (n, vocab)
@@ -276,8 +276,8 @@ class SecondOrderChain:
 def repeated_passages(chain: SecondOrderChain, n: int, context_length: int, periods: range,
                       generator: torch.Generator) -> Tensor:
     "(n, context_length): n passages of one length drawn from periods, each repeated until the row is full."
-    check_type("chain", chain, SecondOrderChain, "build one with SecondOrderChain(vocab_size)")
-    check_int("context_length", context_length, minimum=2)
+    require_type("chain", chain, SecondOrderChain, "build one with SecondOrderChain(vocab_size)")
+    require_int("context_length", context_length, minimum=2)
     if not isinstance(periods, (range, list, tuple)) or not all(isinstance(p, int) for p in periods):
         raise TypeError(f"periods must be a range or list of passage lengths (ints), got {periods!r}")
     if not periods or min(periods) < 1 or 2 * max(periods) > context_length:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from .block import TransformerBlock
 from .config import GPTConfig, check_config
 from .embeddings import GPTEmbedding
-from .guards import check_int, check_token_tensor, check_type
+from .guards import require_int, require_token_tensor, require_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462
@@ -35,7 +35,7 @@ class GPTModel(nn.Module):
 
     def forward(self, token_ids: Tensor) -> Tensor:
         """Token ids (batch, tokens) -> logits (batch, tokens, vocab_size)."""
-        check_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.cfg.vocab_size,
+        require_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.cfg.vocab_size,
                            device=self.out_head.weight.device, max_tokens=self.cfg.context_length)
         x = self.embedding(token_ids)  # (batch, tokens, emb_dim)
         for block in self.trf_blocks:
@@ -71,8 +71,8 @@ def trace_shapes(model: nn.Module, token_ids: Tensor, max_depth: int | None = No
     """Run one forward pass and list (module name, output shape) for every submodule it calls, in the
     order the calls start (a parent before its children); max_depth=1 keeps top-level names only,
     2 also their children, and so on. The hooks are removed afterwards, even if the pass fails."""
-    check_type("model", model, nn.Module, "pass the model itself, like GPTModel(cfg)")
-    check_int("max_depth", 1 if max_depth is None else max_depth, minimum=1)  # None: every level
+    require_type("model", model, nn.Module, "pass the model itself, like GPTModel(cfg)")
+    require_int("max_depth", 1 if max_depth is None else max_depth, minimum=1)  # None: every level
     trace: list[list] = []  # [name, shape] pairs; the shape is filled in when the call ends
     open_calls: list[int] = []  # indices into trace of the calls still running (calls nest)
 

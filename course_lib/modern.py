@@ -23,7 +23,7 @@ from .decoding import padding_may_attend, positions_after_padding
 from .embeddings import GPTEmbedding
 from .feedforward import FeedForward
 from .generation import check_forward_args
-from .guards import as_device, check_attention_mask, check_bool, check_int, check_number, check_type
+from .guards import as_device, require_attention_mask, require_bool, require_int, require_number, require_type
 from .model import GPTModel, init_gpt2_weights
 from .normalization import LayerNorm
 from .pretrained import folder_files, read_hf_files
@@ -36,14 +36,14 @@ def check_modern_fields(cfg) -> None:
     for name, allowed in choices.items():
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
-    check_number("norm_eps", cfg.norm_eps, 0, math.inf, low_open=True, high_open=True)
-    check_number("rope_theta", cfg.rope_theta, 1, math.inf, low_open=True, high_open=True,
+    require_number("norm_eps", cfg.norm_eps, 0, math.inf, low_open=True, high_open=True)
+    require_number("rope_theta", cfg.rope_theta, 1, math.inf, low_open=True, high_open=True,
                  why="the slowest rotation turns once every 2 pi theta positions; Llama uses 10000 or more")
     for name in ("hidden_dim", "n_kv_heads", "head_dim"):
         if getattr(cfg, name) is not None:  # None: derived from the other fields
-            check_int(name, getattr(cfg, name), minimum=1)
-    check_bool("qk_norm", cfg.qk_norm)
-    check_bool("bias", cfg.bias)
+            require_int(name, getattr(cfg, name), minimum=1)
+    require_bool("qk_norm", cfg.qk_norm)
+    require_bool("bias", cfg.bias)
     if cfg.ffn == "gelu" and cfg.hidden_dim not in (None, 4 * cfg.emb_dim):
         raise ValueError(f"hidden_dim {cfg.hidden_dim} with ffn 'gelu': GPT-2's feed-forward is 4 * emb_dim = "
                          f"{4 * cfg.emb_dim} wide; leave hidden_dim None, or use ffn='swiglu'")
@@ -234,10 +234,10 @@ def attention_weights(self: GroupedQueryAttention, x: Tensor) -> Tensor:
 # %% ../notebooks/16_modern_llm.ipynb #kv-cache-bytes
 def kv_cache_bytes(cfg: ModernConfig, tokens: int, batch: int = 1, bytes_per_number: int = 2) -> int:
     """Bytes a KV cache holds for `tokens` positions of `batch` sequences: a key and a value per kv head and layer."""
-    check_type("cfg", cfg, ModernConfig, "pass the model's ModernConfig")
-    check_int("tokens", tokens, minimum=0)
-    check_int("batch", batch, minimum=1)
-    check_int("bytes_per_number", bytes_per_number, minimum=1)
+    require_type("cfg", cfg, ModernConfig, "pass the model's ModernConfig")
+    require_int("tokens", tokens, minimum=0)
+    require_int("batch", batch, minimum=1)
+    require_int("bytes_per_number", bytes_per_number, minimum=1)
     return 2 * cfg.n_layers * batch * tokens * cfg.kv_heads * cfg.dim_per_head * bytes_per_number
 
 # %% ../notebooks/16_modern_llm.ipynb #modern-block
@@ -278,7 +278,7 @@ class ModernGPT(nn.Module):
 
     def __init__(self, cfg: ModernConfig):
         super().__init__()
-        check_type("cfg", cfg, ModernConfig, "build one with ModernConfig(...); ModernConfig() is GPT-2")
+        require_type("cfg", cfg, ModernConfig, "build one with ModernConfig(...); ModernConfig() is GPT-2")
         self.cfg = cfg
         self.embedding = GPTEmbedding(cfg) if cfg.positions == "learned" else TokenEmbedding(cfg)
         self.trf_blocks = nn.ModuleList(ModernBlock(cfg) for _ in range(cfg.n_layers))
@@ -300,7 +300,7 @@ def forward(self: ModernGPT, token_ids: Tensor, kv_caches: list[KVCache] | None 
     positions = torch.arange(start_pos, start_pos + token_ids.shape[1], device=token_ids.device)  # (tokens,)
     may_attend = None
     if attention_mask is not None:
-        check_attention_mask(attention_mask, (token_ids.shape[0], start_pos + token_ids.shape[1]), token_ids.device)
+        require_attention_mask(attention_mask, (token_ids.shape[0], start_pos + token_ids.shape[1]), token_ids.device)
         positions = positions_after_padding(attention_mask, token_ids.shape[1])  # (batch, tokens)
         may_attend = padding_may_attend(attention_mask, token_ids.shape[1])  # (batch, 1, tokens, all)
     x = self.embedding(token_ids, start_pos, None if attention_mask is None else positions)  # (batch, tokens, emb)
@@ -316,7 +316,7 @@ HF_MODEL_TYPES = ("llama", "qwen3")  # the config.json model_type values load_mo
 
 def modern_config_from_hf(hf: dict, source: str = "config") -> ModernConfig:
     """The ModernConfig of a Hugging Face Llama or Qwen3 config.json, parsed; `source` names the file in errors."""
-    check_type("hf", hf, dict, "pass the parsed config.json: json.loads(path.read_text())")
+    require_type("hf", hf, dict, "pass the parsed config.json: json.loads(path.read_text())")
     if hf.get("model_type") not in HF_MODEL_TYPES:
         raise ValueError(f"{source}: model_type {hf.get('model_type')!r}; load_modern reads {HF_MODEL_TYPES} "
                          "(for GPT-2 use load_gpt2 of notebook 10)")
@@ -344,7 +344,7 @@ def modern_config_from_hf(hf: dict, source: str = "config") -> ModernConfig:
 # %% ../notebooks/16_modern_llm.ipynb #name-map
 def modern_name_map(cfg: ModernConfig) -> dict[str, str]:
     """Hugging Face tensor name -> ModernGPT parameter name, for a Llama (or, with qk_norm, Qwen3) of this shape."""
-    check_type("cfg", cfg, ModernConfig, "pass the ModernConfig of the checkpoint, modern_config_from_hf(...)")
+    require_type("cfg", cfg, ModernConfig, "pass the ModernConfig of the checkpoint, modern_config_from_hf(...)")
     names = {"model.embed_tokens.weight": "embedding.tok_emb.weight", "model.norm.weight": "final_norm.scale"}
     if not cfg.tie_weights:  # a tied checkpoint stores the head once, as the embedding
         names["lm_head.weight"] = "out_head.weight"
@@ -408,9 +408,9 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, groups: list[dict], lr: float, momentum: float = 0.95, betas: tuple[float, float] = (0.9, 0.99),
                  eps: float = 1e-8, weight_decay: float = 0.1, ns_steps: int = 5):
-        check_number("lr", lr, 0, math.inf, low_open=True, high_open=True)
-        check_number("momentum", momentum, 0, 1, high_open=True)
-        check_int("ns_steps", ns_steps, minimum=1)
+        require_number("lr", lr, 0, math.inf, low_open=True, high_open=True)
+        require_number("momentum", momentum, 0, 1, high_open=True)
+        require_int("ns_steps", ns_steps, minimum=1)
         if not (isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups)
                 and any(g.get("muon") for g in groups)):
             raise ValueError("groups must be a list of parameter groups (dicts), at least one of them with muon=True "
@@ -459,8 +459,8 @@ def step(self: Muon, closure=None):
 def make_muon(model: nn.Module, tcfg: TrainConfig) -> Muon:
     """Muon for the 2-D weights inside the blocks; AdamW (make_optimizer's betas and decay) for the embeddings, the
     head, norms and biases, weight decay on matrices only."""
-    check_type("model", model, nn.Module, "pass the ModernGPT (or GPTModel) to train")
-    check_type("tcfg", tcfg, TrainConfig, "build one with TrainConfig(...)")
+    require_type("model", model, nn.Module, "pass the ModernGPT (or GPTModel) to train")
+    require_type("tcfg", tcfg, TrainConfig, "build one with TrainConfig(...)")
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]  # a tied weight appears once
     hidden = [p for name, p in named if p.dim() == 2 and name.startswith("trf_blocks.")]
     rest = [p for name, p in named if not (p.dim() == 2 and name.startswith("trf_blocks."))]
@@ -474,7 +474,7 @@ def train_variant(cfg: ModernConfig, train_data: Tensor, val_data: Tensor, tcfg:
     """Train ModernGPT(cfg) from `seed` with notebook 09's train() and AdamW (make_optimizer) or Muon (make_muon);
     return the model and a dict: its parameter count, the validation loss on val_batches fixed batches and the
     training tokens/s."""
-    check_type("cfg", cfg, ModernConfig, "build one with ModernConfig(...)")
+    require_type("cfg", cfg, ModernConfig, "build one with ModernConfig(...)")
     if optimizer not in ("adamw", "muon"):
         raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
     torch.manual_seed(seed)

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .config import GPTConfig, get_device
-from .guards import as_device, check_int, check_type
+from .guards import as_device, require_int, require_type
 from .model import GPTModel
 from .tokenization import DATA_DIR, EOS_ID, CharTokenizer
 
@@ -61,7 +61,7 @@ GPT2_MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 # %% ../notebooks/10_pretrained_gpt2.ipynb #expand-name-map
 def expand_name_map(n_layers: int) -> list[tuple[str, str, int | None, bool]]:
     """GPT2_NAME_MAP with "{i}" filled in for blocks 0 .. n_layers - 1: one row per parameter of ours."""
-    check_int("n_layers", n_layers, minimum=1)
+    require_int("n_layers", n_layers, minimum=1)
     rows = []
     for ours, hf, part, transpose in GPT2_NAME_MAP:
         blocks = range(n_layers) if "{i}" in ours else [0]
@@ -115,7 +115,7 @@ def config_from_hf(hf_config: dict, source: str = "config") -> GPTConfig:
 # %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9-1
 def plain_hf_state(hf_state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
     """The tensors under GPT-2's plain names: the "transformer." prefix dropped, the mask constants left out."""
-    check_type("hf_state", hf_state, dict, "pass a state dict, name -> tensor, e.g. safetensors' load_file(path)")
+    require_type("hf_state", hf_state, dict, "pass a state dict, name -> tensor, e.g. safetensors' load_file(path)")
     state = {}
     for key, tensor in hf_state.items():
         name = key.removeprefix("transformer.")  # GPT2LMHeadModel writes "transformer.h.0...", GPT2Model "h.0..."
@@ -156,7 +156,7 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
     Every key must be used, every parameter filled and every shape right; otherwise a ValueError names the
     key, before anything is copied. With a tied head (model.cfg.tie_weights), a stored lm_head.weight must equal
     wte.weight."""
-    check_type("model", model, GPTModel, "fill a course_lib GPTModel built from config_from_hf(...)")
+    require_type("model", model, GPTModel, "fill a course_lib GPTModel built from config_from_hf(...)")
     params = dict(model.named_parameters())  # a tied head appears once, as embedding.tok_emb.weight
     tied, rows = model.cfg.tie_weights, expand_name_map(model.cfg.n_layers)
     filled = {ours for ours, *_ in rows} | (set() if tied else {"out_head.weight"})
@@ -296,8 +296,8 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
 # %% ../notebooks/10_pretrained_gpt2.ipynb #1f46fd0c
 def hf_config_from(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The config.json of a Hugging Face GPT2LMHeadModel with our model's shape and tying."""
-    check_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
-    check_type("dtype", dtype, torch.dtype, "pass the weights' dtype, e.g. torch.float32")
+    require_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
+    require_type("dtype", dtype, torch.dtype, "pass the weights' dtype, e.g. torch.float32")
     eos_id = EOS_ID if cfg.vocab_size > EOS_ID else None  # <|endoftext|> exists only in GPT-2's vocabulary
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -317,7 +317,7 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
     """Our model's weights under the names of a Hugging Face GPT2LMHeadModel, on the CPU.
 
     A model built without qkv biases gets zero c_attn biases: Linear(x) + 0 is the same function."""
-    check_type("model", model, GPTModel, "pass a course_lib GPTModel")
+    require_type("model", model, GPTModel, "pass a course_lib GPTModel")
     params = dict(model.named_parameters())
     hf_state, qkv = {}, {}  # qkv: fused name -> [query, key, value] pieces in that order
     for ours, hf, part, transpose in expand_name_map(model.cfg.n_layers):
@@ -342,7 +342,7 @@ def save_gpt2(model: GPTModel, directory: str | Path) -> Path:
     """Write `model` as a Hugging Face GPT-2 directory that transformers.GPT2LMHeadModel.from_pretrained and
     load_gpt2 both read: config.json, generation_config.json, model.safetensors, and, for GPT-2's vocabulary,
     GPT-2's tokenizer files (so pipeline("text-generation", directory) works offline). Returns the directory."""
-    check_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
+    require_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a folder path (str or Path), got {directory!r}")
     directory = Path(directory)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .guards import check_int, check_number, check_type
+from .guards import require_int, require_number, require_type
 from .tokenization import EOS_ID, CharTokenizer
 from .training import tokenizer_state
 
@@ -29,8 +29,8 @@ HEADER_LAYOUT = "<16sIIIQ"  # little-endian: 16 bytes, three uint32, one uint64
 # %% ../notebooks/13_scaling_up.ipynb #4708d327-1
 def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
     "Write token ids as a shard: a 64-byte header, then one little-endian uint16 per token (atomically)."
-    check_type("token_ids", token_ids, Tensor, "wrap a list of ids with torch.tensor(...)")
-    check_int("vocab_size", vocab_size, minimum=1)
+    require_type("token_ids", token_ids, Tensor, "wrap a list of ids with torch.tensor(...)")
+    require_int("vocab_size", vocab_size, minimum=1)
     low, high = (int(token_ids.long().min()), int(token_ids.long().max())) if token_ids.numel() else (0, 0)
     if token_ids.dim() != 1 or token_ids.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32,
                                                    torch.float64) or not 0 <= low <= high < vocab_size <= 2**16:
@@ -94,7 +94,7 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
     """Tokenize documents (an iterable of str) into out_dir: the first val_tokens tokens into val_000000.bin,
     the rest into train_000000.bin, train_000001.bin, ... of shard_tokens each, and a meta.json."""
     for name, value in (("val_tokens", val_tokens), ("shard_tokens", shard_tokens)):
-        check_int(name, value, minimum=1)  # 0 would never fill a shard
+        require_int(name, value, minimum=1)  # 0 would never fill a shard
     if isinstance(documents, str) or not isinstance(documents, Iterable):  # a str: each character a document
         got = "one str" if isinstance(documents, str) else type(documents).__name__
         raise TypeError(f"documents must be an iterable of texts, got {got}: pass [text]")
@@ -114,7 +114,7 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
         buffer, filled = torch.empty(shard_tokens, dtype=torch.int32), 0  # every later shard is a training shard
 
     for document in documents:
-        check_type("documents' item", document, str, "every document is one text")
+        require_type("documents' item", document, str, "every document is one text")
         encoded = tokenizer.encode_ordinary(document) if gpt2 else tokenizer.encode(document)  # text, never specials
         ids = torch.tensor(([EOS_ID] if gpt2 else []) + encoded, dtype=torch.int32)
         while len(ids):  # GPT-2's <|endoftext|> goes before each document: it marks where one starts
@@ -145,7 +145,7 @@ class ShardWindows:
 
     def window_tokens(self, window: int) -> Tensor:
         "The context_length + 1 tokens of one window, as int64."
-        check_number("window", window, 0, self.n_windows, high_open=True, why="the windows are 0 .. n_windows - 1")
+        require_number("window", window, 0, self.n_windows, high_open=True, why="the windows are 0 .. n_windows - 1")
         shard = int(torch.searchsorted(self.first_window, window, right=True)) - 1
         start = (window - int(self.first_window[shard])) * self.context_length
         return self.shards[shard][start:start + self.context_length + 1].long()
@@ -153,7 +153,7 @@ class ShardWindows:
 # %% ../notebooks/13_scaling_up.ipynb #rankwin
 def rank_windows(order: Tensor, accumulate: int, world_size: int, micro_batch: int, rank: int) -> Tensor:
     "This rank's windows of an epoch's order: a step's micro-batch j on rank r is block j * world_size + r."
-    check_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
+    require_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
     if order.numel() % (accumulate * world_size * micro_batch):
         raise ValueError(f"order has {order.numel()} windows, not whole steps of accumulate x world_size x micro_batch "
                          f"= {accumulate * world_size * micro_batch}")
@@ -180,7 +180,7 @@ class LoaderPosition:
                 "micro_batch": self.micro_batch, "rows_per_step": self.rows_per_step, "n_windows": self.n_windows}
 
     def load_state_dict(self, state: dict) -> None:
-        check_type("state", state, dict, "pass what state_dict() returned")
+        require_type("state", state, dict, "pass what state_dict() returned")
         mine = self.state_dict()
         keys = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows") if state.get(k) != mine[k]]
         saved, now = (", ".join(f"{k}={values.get(k)}" for k in keys) for values in (state, mine))
@@ -203,9 +203,9 @@ class ShardLoader(LoaderPosition, ShardWindows):
         rows_per_step = per_pass if rows_per_step is None else rows_per_step
         for name, value in (("context_length", context_length), ("micro_batch", micro_batch),
                             ("world_size", world_size), ("rows_per_step", rows_per_step)):
-            check_int(name, value, minimum=1)
-        check_int("seed", seed)
-        check_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
+            require_int(name, value, minimum=1)
+        require_int("seed", seed)
+        require_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
         if rows_per_step % per_pass:  # every rank must do whole micro-batches
             raise ValueError(f"rows_per_step {rows_per_step} is not a multiple of world_size x micro_batch = {per_pass}")
         super().__init__(paths, context_length)
@@ -221,7 +221,7 @@ class ShardLoader(LoaderPosition, ShardWindows):
 
     def epoch_windows(self, epoch: int) -> Tensor:
         "(per_rank,) the ids of the windows this rank reads in epoch `epoch`, in order."
-        check_int("epoch", epoch, minimum=0)
+        require_int("epoch", epoch, minimum=0)
         if self._order_epoch != epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             order = torch.randperm(self.n_windows, generator=generator)[:self.steps_per_epoch * self.rows_per_step]

@@ -10,7 +10,7 @@ import math
 import operator
 import torch
 
-from .guards import check_bool, check_int, check_type
+from .guards import require_bool, require_int, require_type
 
 
 def check_token_ids(ids, vocab_size: float = math.inf, name: str = "ids") -> list[int]:
@@ -46,7 +46,7 @@ class CharTokenizer:
     @classmethod
     def from_text(cls, text: str) -> "CharTokenizer":
         """The vocabulary is the sorted set of characters that occur in `text`."""
-        check_type("text", text, str, "decode bytes first with .decode('utf-8')")
+        require_type("text", text, str, "decode bytes first with .decode('utf-8')")
         return cls(sorted(set(text)))
 
     @property
@@ -54,7 +54,7 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> list[int]:
-        check_type("text", text, str, "decode bytes first with .decode('utf-8')")
+        require_type("text", text, str, "decode bytes first with .decode('utf-8')")
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
             raise ValueError(f"characters {unknown} are not in the vocabulary: build it from a text that has them")
@@ -73,7 +73,7 @@ GPT2_SPLIT_PATTERN = regex.compile(r50k_pat_str)
 
 def split_words(text: str) -> list[str]:
     """Cut text into GPT-2's chunks (a word with its leading space, a number, punctuation, spaces)."""
-    check_type("text", text, str, "decode bytes first with .decode('utf-8')")
+    require_type("text", text, str, "decode bytes first with .decode('utf-8')")
     return GPT2_SPLIT_PATTERN.findall(text)
 
 # %% ../notebooks/01_tokenization.ipynb #2e80fb5b
@@ -82,7 +82,7 @@ from collections import Counter
 
 def count_pairs(words: dict[tuple[bytes, ...], int]) -> Counter:
     """How often each adjacent pair of symbols occurs; a word counts as often as it appears."""
-    check_type("words", words, dict, "map each word, a tuple of symbols, to its count: {(b'h', b'i'): 3}")
+    require_type("words", words, dict, "map each word, a tuple of symbols, to its count: {(b'h', b'i'): 3}")
     pairs = Counter()
     for symbols, freq in words.items():
         for pair in zip(symbols, symbols[1:]):
@@ -111,7 +111,7 @@ def train_bpe(text: str, num_merges: int) -> list[tuple[bytes, bytes]]:
     Works on the UTF-8 bytes of each split_words chunk, so no merge crosses a chunk boundary. Each step
     merges the most frequent adjacent pair; a tie goes to the pair that sorts first as (left, right)
     bytes. Stops early when every chunk is a single symbol."""
-    check_int("num_merges", num_merges, minimum=0)
+    require_int("num_merges", num_merges, minimum=0)
     words = Counter(tuple(bytes([b]) for b in chunk.encode("utf-8")) for chunk in split_words(text))
     merges = []
     for _ in range(num_merges):
@@ -128,7 +128,7 @@ class BPETokenizer:
     """Byte-level BPE: ids 0-255 are the single bytes, id 256 + k is the token made by merges[k]."""
 
     def __init__(self, merges: list[tuple[bytes, bytes]]):
-        check_type("merges", merges, list, "pass train_bpe(...) or gpt2_merges(), a list of (bytes, bytes) pairs")
+        require_type("merges", merges, list, "pass train_bpe(...) or gpt2_merges(), a list of (bytes, bytes) pairs")
         self.vocab = {i: bytes([i]) for i in range(256)}  # id -> bytes
         self.token_to_id = {token: i for i, token in self.vocab.items()}  # bytes -> id
         self.ranks = {}  # pair -> its position in merges: lower ranks are applied first
@@ -221,7 +221,7 @@ class GPTDataset(Dataset):
 
     def __init__(self, token_ids, context_length: int, stride: int):
         for name, value in (("context_length", context_length), ("stride", stride)):
-            check_int(name, value, minimum=1)
+            require_int(name, value, minimum=1)
         ids = check_token_ids(token_ids, name="token_ids")
         if len(ids) < context_length + 1:
             raise ValueError(f"token_ids has {len(ids)} tokens, but one window needs context_length + 1 = "
@@ -244,9 +244,9 @@ def create_dataloader(token_ids, batch_size: int, context_length: int, stride: i
     """Batches of (inputs, targets), each (batch_size, context_length), from a token stream.
 
     Shuffling draws from a torch.Generator seeded with `seed`: the same seed gives the same batches."""
-    check_int("batch_size", batch_size, minimum=1)
-    check_int("seed", seed)
-    check_bool("shuffle", shuffle)  # DataLoader would shuffle for any truthy value, "no" included
+    require_int("batch_size", batch_size, minimum=1)
+    require_int("seed", seed)
+    require_bool("shuffle", shuffle)  # DataLoader would shuffle for any truthy value, "no" included
     dataset = GPTDataset(token_ids, context_length, stride)
     if drop_last and len(dataset) < batch_size:
         raise ValueError(f"batch_size {batch_size} is larger than the {len(dataset)} windows, so drop_last=True "

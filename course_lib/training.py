@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .config import GPTConfig
 from .generation import eval_mode, generate
-from .guards import as_device, check_bool, check_int, check_number, check_token_tensor, check_type
+from .guards import as_device, require_bool, require_int, require_number, require_token_tensor, require_type
 from .model import GPTModel
 from .tokenization import DATA_DIR, CharTokenizer, gpt2_tokenizer
 
@@ -34,7 +34,7 @@ def check_targets(targets: Tensor, logits: Tensor) -> None:
     if not (isinstance(logits, Tensor) and logits.is_floating_point() and logits.dim() == 3):
         got = f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, Tensor) else type(logits).__name__
         raise TypeError(f"logits must be a floating-point tensor (batch, tokens, vocab_size), got {got}")
-    check_token_tensor("targets", targets, dims=2, vocab_size=logits.shape[-1])  # ids in [0, vocab_size)
+    require_token_tensor("targets", targets, dims=2, vocab_size=logits.shape[-1])  # ids in [0, vocab_size)
     if targets.shape != logits.shape[:-1]:
         raise ValueError(f"targets has shape {tuple(targets.shape)}, logits {tuple(logits.shape)}: one id per position")
 
@@ -62,8 +62,8 @@ def load_shakespeare() -> str:
 # %% ../notebooks/09_training.ipynb #c8317092
 def split_by_position(token_ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
     """Cut a token stream in two: the first (1 - val_fraction) for training, the rest for validation."""
-    check_token_tensor("token_ids", token_ids, dims=1)  # (tokens,)
-    check_number("val_fraction", val_fraction, 0, 1, low_open=True, high_open=True, why="the share kept for validation")
+    require_token_tensor("token_ids", token_ids, dims=1)  # (tokens,)
+    require_number("val_fraction", val_fraction, 0, 1, low_open=True, high_open=True, why="the share kept for validation")
     split = int(len(token_ids) * (1.0 - val_fraction))
     if not 0 < split < len(token_ids):  # also every val_fraction outside (0, 1)
         raise ValueError(f"val_fraction {val_fraction} of {len(token_ids)} tokens leaves one part empty: use a "
@@ -74,11 +74,11 @@ def split_by_position(token_ids: Tensor, val_fraction: float = 0.1) -> tuple[Ten
 def get_batch(token_ids: Tensor, batch_size: int, context_length: int, generator: torch.Generator,
               device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Random windows (batch_size, context_length) of token_ids and the same windows one token on, on device."""
-    check_token_tensor("token_ids", token_ids, dims=1)  # (tokens,)
-    check_int("batch_size", batch_size, 1)
-    check_int("context_length", context_length, 1)
-    check_type("generator", generator, torch.Generator, "draw the windows with torch.Generator().manual_seed(0)")
-    check_number("context_length", context_length, 1, len(token_ids) - 1, why="a window holds context_length + 1")
+    require_token_tensor("token_ids", token_ids, dims=1)  # (tokens,)
+    require_int("batch_size", batch_size, 1)
+    require_int("context_length", context_length, 1)
+    require_type("generator", generator, torch.Generator, "draw the windows with torch.Generator().manual_seed(0)")
+    require_number("context_length", context_length, 1, len(token_ids) - 1, why="a window holds context_length + 1")
     starts = torch.randint(len(token_ids) - context_length, (batch_size,), generator=generator,
                            device=generator.device).to(token_ids.device)  # (batch_size,)
     offsets = torch.arange(context_length + 1, device=token_ids.device)  # (context_length + 1,)
@@ -99,7 +99,7 @@ def sample_text(model: GPTModel, tokenizer, prompt: str, max_new_tokens: int, te
     """The prompt continued by max_new_tokens sampled tokens, as text; the same seed gives the same text."""
     if not (isinstance(prompt, str) and prompt):
         raise (TypeError if not isinstance(prompt, str) else ValueError)(f"prompt must be a non-empty str, got {prompt!r}")
-    check_int("seed", seed)
+    require_int("seed", seed)
     device = next(model.parameters()).device
     token_ids = torch.tensor([tokenizer.encode(prompt)], device=device)  # (1, prompt tokens)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -123,18 +123,18 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("total_steps", "batch_size", "warmup_steps", "eval_every", "eval_batches"):
-            check_int(name, getattr(self, name), 0 if name == "warmup_steps" else 1)
-        check_number("warmup_steps", self.warmup_steps, 0, self.total_steps, high_open=True, why="it is in the run")
-        check_number("max_lr", self.max_lr, 0, math.inf, low_open=True, high_open=True)
-        check_number("min_lr", self.min_lr, 0, self.max_lr, why="the rate falls from max_lr to min_lr")
-        check_number("weight_decay", self.weight_decay, 0, math.inf, high_open=True)
-        check_number("grad_clip", self.grad_clip, 0, math.inf, low_open=True, why="the largest gradient norm")
+            require_int(name, getattr(self, name), 0 if name == "warmup_steps" else 1)
+        require_number("warmup_steps", self.warmup_steps, 0, self.total_steps, high_open=True, why="it is in the run")
+        require_number("max_lr", self.max_lr, 0, math.inf, low_open=True, high_open=True)
+        require_number("min_lr", self.min_lr, 0, self.max_lr, why="the rate falls from max_lr to min_lr")
+        require_number("weight_decay", self.weight_decay, 0, math.inf, high_open=True)
+        require_number("grad_clip", self.grad_clip, 0, math.inf, low_open=True, why="the largest gradient norm")
 
 # %% ../notebooks/09_training.ipynb #9d38c27a
 def lr_at(step: int, tcfg: TrainConfig) -> float:
     """Rate of step `step` (from 0): linear warmup to max_lr, then half a cosine down to min_lr at the last step."""
-    check_type("tcfg", tcfg, TrainConfig, "build the schedule with TrainConfig(...)")
-    check_int("step", step, minimum=0)  # past the last step the cosine would silently rise again
+    require_type("tcfg", tcfg, TrainConfig, "build the schedule with TrainConfig(...)")
+    require_int("step", step, minimum=0)  # past the last step the cosine would silently rise again
     if step >= tcfg.total_steps:
         raise ValueError(f"step {step} is past the run's last step {tcfg.total_steps - 1}")
     if step < tcfg.warmup_steps:
@@ -147,9 +147,9 @@ def lr_at(step: int, tcfg: TrainConfig) -> float:
 def make_optimizer(model: nn.Module, tcfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW with betas (0.9, 0.99); weight decay only on matrices (>= 2-D), not on biases and LayerNorm.
     fused=True updates every parameter in one kernel, for a GPU (notebook 13); the same arithmetic, other roundings."""
-    check_type("model", model, nn.Module, "pass the GPTModel to train")
-    check_type("tcfg", tcfg, TrainConfig, "build one with TrainConfig(...)")
-    check_bool("fused", fused)
+    require_type("model", model, nn.Module, "pass the GPTModel to train")
+    require_type("tcfg", tcfg, TrainConfig, "build one with TrainConfig(...)")
+    require_bool("fused", fused)
     params = [p for p in model.parameters() if p.requires_grad]  # a tied weight counts once
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": tcfg.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -161,9 +161,9 @@ def make_optimizer(model: nn.Module, tcfg: TrainConfig, fused: bool = False) -> 
 def evaluate(model: GPTModel, splits: dict[str, Tensor], batch_size: int, num_batches: int,
              seed: int = 0) -> dict[str, float]:
     """Mean loss on num_batches batches of each split, in eval mode; the same windows at every call (`seed`)."""
-    check_int("num_batches", num_batches, minimum=1)  # 0 batches have no mean loss
-    check_int("seed", seed)
-    check_type("splits", splits, dict, "pass {'val': val_data}, a name for each token stream")
+    require_int("num_batches", num_batches, minimum=1)  # 0 batches have no mean loss
+    require_int("seed", seed)
+    require_type("splits", splits, dict, "pass {'val': val_data}, a name for each token stream")
     device = next(model.parameters()).device
     losses = {}
     with eval_mode(model):
@@ -185,10 +185,10 @@ def new_history() -> dict:
 def check_train_inputs(model: GPTModel, optimizer, train_data: Tensor, val_data: Tensor, generator,
                        history: dict | None) -> None:
     """What train() is handed, checked before the first step changes the model."""
-    check_type("optimizer", optimizer, torch.optim.Optimizer, "build one with make_optimizer(model, tcfg)")
-    check_type("generator", generator, torch.Generator, "draw the batches with torch.Generator().manual_seed(0)")
+    require_type("optimizer", optimizer, torch.optim.Optimizer, "build one with make_optimizer(model, tcfg)")
+    require_type("generator", generator, torch.Generator, "draw the batches with torch.Generator().manual_seed(0)")
     for name, data in (("train_data", train_data), ("val_data", val_data)):
-        check_token_tensor(name, data, dims=1, vocab_size=model.cfg.vocab_size)  # (tokens,)
+        require_token_tensor(name, data, dims=1, vocab_size=model.cfg.vocab_size)  # (tokens,)
     missing = sorted(new_history().keys() - history.keys()) if isinstance(history, dict) else None
     if history is not None and missing != []:
         raise ValueError(f"history must be None or a dict like new_history(), got {type(history).__name__}"
@@ -200,8 +200,8 @@ def train(model: GPTModel, optimizer: torch.optim.Optimizer, train_data: Tensor,
           history: dict | None = None, progress: bool = True) -> dict:
     """Optimizer steps start_step .. stop_step - 1 (default: to the end); returns the history, extended in place."""
     stop_step = tcfg.total_steps if stop_step is None else stop_step
-    check_int("start_step", start_step, 0)  # lr_at trusts the steps checked here
-    check_number("stop_step", stop_step, start_step, tcfg.total_steps, why="the schedule ends at total_steps")
+    require_int("start_step", start_step, 0)  # lr_at trusts the steps checked here
+    require_number("stop_step", stop_step, start_step, tcfg.total_steps, why="the schedule ends at total_steps")
     check_train_inputs(model, optimizer, train_data, val_data, generator, history)
     history = new_history() if history is None else history
     device = next(model.parameters()).device
@@ -273,11 +273,11 @@ def json_problem(value, where: str = "history") -> str | None:
 def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Optimizer, tokenizer,
                     tcfg: TrainConfig, step: int, generator: torch.Generator, history: dict | None = None) -> Path:
     """Write all that rebuilds the model and continues the run after step `step`, atomically (never half a file)."""
-    check_type("model", model, GPTModel, "save a course_lib GPTModel")
-    check_type("optimizer", optimizer, torch.optim.AdamW, "load_checkpoint rebuilds make_optimizer(model, tcfg)")
-    check_type("tcfg", tcfg, TrainConfig, "pass the TrainConfig of the run")
-    check_type("generator", generator, torch.Generator, "pass the generator that draws the batches")
-    check_number("step", step, 0, tcfg.total_steps, why="the steps done, at most the run's total_steps")
+    require_type("model", model, GPTModel, "save a course_lib GPTModel")
+    require_type("optimizer", optimizer, torch.optim.AdamW, "load_checkpoint rebuilds make_optimizer(model, tcfg)")
+    require_type("tcfg", tcfg, TrainConfig, "pass the TrainConfig of the run")
+    require_type("generator", generator, torch.Generator, "pass the generator that draws the batches")
+    require_number("step", step, 0, tcfg.total_steps, why="the steps done, at most the run's total_steps")
     state = tokenizer_state(tokenizer)
     vocab_size = len(state["chars"]) if state["kind"] == "char" else tokenizer.n_vocab
     if vocab_size != model.cfg.vocab_size:
@@ -361,7 +361,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str | None = None,
     """Rebuild the run saved at path (model on device, default cpu); check expected_config / expected_tokenizer."""
     device = as_device("cpu" if device is None else device)
     if expected_config is not None:
-        check_type("expected_config", expected_config, GPTConfig, "pass the GPTConfig you expect, or None")
+        require_type("expected_config", expected_config, GPTConfig, "pass the GPTConfig you expect, or None")
     payload = read_checkpoint(path)
     try:
         cfg, tcfg = GPTConfig(**payload["model_config"]), TrainConfig(**payload["train_config"])

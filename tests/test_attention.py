@@ -493,7 +493,7 @@ def test_the_mask_covers_the_cache():
         stepped = kernel(x[:, 3:], kv_cache=cache, may_attend=padding_may_attend(mask, 2))
         assert close(stepped, kernel(x, may_attend=padding_may_attend(mask, 5))[:, 3:])
         assert close(stepped, kernel(x[:, 2:])[:, 1:])  # = the 3 real tokens alone
-        # was: check_attention_mask in the layer; the shape of attention_mask is now checked at GPTModel's door
+        # was: require_attention_mask in the layer; the shape of attention_mask is now checked at GPTModel's door
         # (test_decoding.py, test_padding_errors_are_named), and a may_attend one column short stops in SDPA
         with pytest.raises(RuntimeError, match="must match the size of tensor"):
             kernel(x[:, :1], kv_cache=cache, may_attend=padding_may_attend(mask, 1))  # 5 cached + 1 new need 6

@@ -473,12 +473,12 @@ def test_the_padding_checks_read_mask_values_only_on_the_cpu():
     """On another device (meta stands for a GPU) the forward's mask checks read no values: no host synchronisation
     per token; stream_tokens reads the mask once, on the CPU, at its door."""
     from course_lib.decoding import check_left_padding
-    from course_lib.guards import check_attention_mask
+    from course_lib.guards import require_attention_mask
 
     right_padded = torch.tensor([[1, 1, 0]])
     with pytest.raises(ValueError, match="attention_mask must pad on the left"):
         check_left_padding(right_padded)
     check_left_padding(right_padded.to("meta"))  # not read: would need the device
-    check_attention_mask(torch.tensor([[2, 1, 1]]).to("meta"), (1, 3), torch.device("meta"))
+    require_attention_mask(torch.tensor([[2, 1, 1]]).to("meta"), (1, 3), torch.device("meta"))
     with pytest.raises(ValueError, match="attention_mask must hold only 1"):
-        check_attention_mask(torch.tensor([[2, 1, 1]]), (1, 3), torch.device("cpu"))
+        require_attention_mask(torch.tensor([[2, 1, 1]]), (1, 3), torch.device("cpu"))

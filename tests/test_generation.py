@@ -405,7 +405,7 @@ GOOD = torch.tensor([[1, 2, 3]])
                                           "the last 16 tokens"),
     (dict(token_ids=torch.zeros(1, 17, dtype=torch.long), max_new_tokens=0), ValueError,
      "a prompt of 17 tokens + max_new_tokens 0 = 17 tokens, more than the model's context_length 16"),
-    (dict(context_length=0), ValueError, "context_length must be >= 1, got 0"),  # check_int's minimum comes first
+    (dict(context_length=0), ValueError, "context_length must be >= 1, got 0"),  # require_int's minimum comes first
     (dict(context_length=20), ValueError, "context_length must be in [1, 16], got 20: it is how many of the "
                                         "last tokens the model reads, at most the model's own context_length"),
     (dict(context_length=17), ValueError, "context_length must be in [1, 16], got 17"),
@@ -421,7 +421,7 @@ GOOD = torch.tensor([[1, 2, 3]])
     (dict(eos_id=97), ValueError, "eos_id must be in [0, 96], got 97: for GPT-2's <|endoftext|> pass 50256"),
     (dict(eos_id=-1), ValueError, "eos_id must be >= 0, got -1"),
     (dict(eos_id=2.0), TypeError, "eos_id must be an int, got 2.0 (float)"),
-    # was: use_cache=1 refused by check_bool (issue 29: use_cache is used by truthiness, as in Python)
+    # was: use_cache=1 refused by require_bool (issue 29: use_cache is used by truthiness, as in Python)
     (dict(generator=123, temperature=1.0), TypeError,  # was our check_generator; greedy decoding draws nothing
      "multinomial(): argument 'generator' must be torch.Generator, not int"),
     (dict(model=nn.Linear(2, 2)), TypeError, "model.cfg must be a GPTConfig, got NoneType: pass a GPTModel, built "

@@ -31,7 +31,7 @@ DEFAULT_EXP = re.compile(r"^#\|\s*default_exp\s+(\w+)\s*$", re.MULTILINE)
 EXPORT = re.compile(r"^#\|\s*export(?:\s+(\w+))?\s*$")  # `#| export`, or `#| export shards`: a second module
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 # Course infrastructure, not lessons: each says so in the first line of its docstring.
-NON_LESSON = {"guards", "checks", "pretrain"}
+NON_LESSON = {"guards", "checks", "doors", "pretrain"}
 NOT_A_LESSON = "Not a lesson"
 
 
@@ -98,6 +98,16 @@ def without_magics(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
+def allowed_import(parts: list[str], earlier: set[str], this: str | None) -> bool:
+    """May an exported cell import course_lib.<parts[1:]>? `earlier`: the modules of earlier notebooks and this
+    notebook's second modules. Those, the guards, and the doors of this lesson and earlier ones (`from
+    course_lib.doors import attention as door` is recorded as course_lib.doors.attention, `from course_lib.doors
+    import moved` as course_lib.doors.moved)."""
+    if len(parts) >= 3 and parts[1] == "doors":
+        return parts[2] in {*earlier, this, "moved"}
+    return len(parts) >= 2 and parts[1] in {*earlier, "guards"}
+
+
 def read_notebook(path: Path, root: Path) -> Notebook:
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     code_cells = [(i, code_of(c)) for i, c in enumerate(cells) if c["cell_type"] == "code"]
@@ -127,8 +137,9 @@ def read_notebook(path: Path, root: Path) -> Notebook:
         for d in found:
             if isinstance(d.node, ast.Import):
                 nb.imports.append((d.node.names[0].name, where))
-            elif isinstance(d.node, ast.ImportFrom):
-                nb.imports.append((d.node.module, where))
+            elif isinstance(d.node, ast.ImportFrom):  # a door module is named whole: course_lib.doors.attention
+                doors = d.node.module in ("course_lib.doors", ".doors")
+                nb.imports.append((f"{d.node.module}.{d.node.names[0].name}" if doors else d.node.module, where))
             elif d.name in nb.exports:
                 nb.problems.append(f"{where}: `{d.name}` is exported twice (also in {nb.exports[d.name].where})")
             if not isinstance(d.node, (ast.Import, ast.ImportFrom)):
@@ -166,10 +177,10 @@ def notebook_problems(root: Path) -> tuple[list[str], list[str]]:
             parts = imported.split(".")
             if parts[0] == "transformers":
                 problems.append(f"{where}: course_lib must not import transformers")
-            elif parts[0] == "course_lib" and (len(parts) < 2 or parts[1] not in {*claimed, *nb.second_modules,
-                                                                                   "guards"}):
+            elif parts[0] == "course_lib" and not allowed_import(parts, {*claimed, *nb.second_modules}, nb.module):
                 problems.append(f"{where}: imports `{imported}`, which is neither a module of an earlier "
-                                "notebook, nor a second module of this one, nor course_lib.guards")
+                                "notebook, nor a second module of this one, nor course_lib.guards, nor the door "
+                                "of this lesson or an earlier one (course_lib.doors.<module>)")
         for module in (nb.module, *sorted(nb.second_modules)):
             claimed[module] = nb
         earlier_exports.update(nb.exports)
@@ -332,7 +343,7 @@ def test_checker_rejects_imports_of_transformers_later_modules_and_checks(tmp_pa
 
 def test_checker_accepts_imports_of_earlier_modules_and_guards(tmp_path):
     write_course(tmp_path, CELLS, ["#| default_exp later",
-                                   "#| export\nfrom course_lib.demo import area\nfrom course_lib.guards import check_int"])
+                                   "#| export\nfrom course_lib.demo import area\nfrom course_lib.guards import require_int"])
     assert mirror_problems(tmp_path) == []
 
 

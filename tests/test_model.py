@@ -211,7 +211,7 @@ def test_kv_caches_that_do_not_fit_the_model_are_refused():
     # last_only is read by truthiness: a non-bool is not refused (issue 29 keeps no check for it)
 
 
-BAD_IDS = [  # the model's door, GPTModel.forward's check_token_tensor (issue 29: was GPTEmbedding's and attention's)
+BAD_IDS = [  # the model's door, GPTModel.forward's require_token_tensor (issue 29: was GPTEmbedding's and attention's)
     (torch.tensor([[1, 600, 2]]), ValueError,
      "token_ids holds token id 600 >= vocab_size 500: the ids come from a larger vocabulary than the model's; use "
      "the tokenizer the model was built for"),

@@ -58,7 +58,7 @@ def test_requirements_pin_every_declared_package():
 def test_the_checker_finds_third_party_imports_only(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text("import numpy.linalg\nfrom fancy_einsum import einsum\nimport json\n"
-                                             "from . import x\nfrom course_lib.guards import check_int\n")
+                                             "from . import x\nfrom course_lib.guards import require_int\n")
     assert imported_packages(tmp_path / "pkg") == {"numpy": "pkg/mod.py", "fancy-einsum": "pkg/mod.py"}
     (tmp_path / "pkg" / "lazy.py").write_text("def f():\n    import scipy\n")
     assert "scipy" in imported_packages(tmp_path / "pkg")
