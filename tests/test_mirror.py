@@ -297,7 +297,7 @@ def test_checker_rejects_a_module_no_notebook_exports(tmp_path):
     assert mirror_problems(tmp_path) == [
         "course_lib/checks/__init__.py: a non-lesson module must say so: start its docstring with 'Not a lesson'",
         "course_lib/orphan.py: no notebook has `#| default_exp orphan`, and it is not one of the non-lesson "
-        "modules ['checks', 'guards', 'pretrain']"]
+        "modules ['checks', 'doors', 'guards', 'pretrain']"]
 
 
 def test_checker_rejects_a_redefinition_outside_the_export_cell(tmp_path):
@@ -334,7 +334,9 @@ def test_checker_rejects_a_method_patched_twice_in_one_notebook(tmp_path):
 
 
 @pytest.mark.parametrize("imported", ["import transformers", "from course_lib.third import thing",
-                                      "from course_lib.checks import check_area"])
+                                      "from course_lib.checks import check_area",
+                                      "from course_lib.doors import third as door",
+                                      "from course_lib.doors.third import thing"])
 def test_checker_rejects_imports_of_transformers_later_modules_and_checks(tmp_path, imported):
     write_course(tmp_path, CELLS, ["#| default_exp later", f"#| export\n{imported}"], ["#| default_exp third"])
     [problem] = mirror_problems(tmp_path)
@@ -344,6 +346,15 @@ def test_checker_rejects_imports_of_transformers_later_modules_and_checks(tmp_pa
 def test_checker_accepts_imports_of_earlier_modules_and_guards(tmp_path):
     write_course(tmp_path, CELLS, ["#| default_exp later",
                                    "#| export\nfrom course_lib.demo import area\nfrom course_lib.guards import require_int"])
+    assert mirror_problems(tmp_path) == []
+
+
+@pytest.mark.parametrize("imported", ["from course_lib.doors import later as door",
+                                      "from course_lib.doors import demo as door",
+                                      "from course_lib.doors.demo import anything",
+                                      "from course_lib.doors import moved"])
+def test_checker_accepts_the_doors_of_this_lesson_and_earlier_ones(tmp_path, imported):
+    write_course(tmp_path, CELLS, ["#| default_exp later", f"#| export\n{imported}"])
     assert mirror_problems(tmp_path) == []
 
 
