@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from torch import Tensor, nn
 
 from .config import GPTConfig
-from .guards import require_int
+from .doors import attention as door
 
 
 # %% ../notebooks/05_attention.ipynb #92236da6
@@ -65,9 +65,8 @@ def copy_fused_weights_to_wrapper(fused: nn.Module, wrapper: MultiHeadAttentionW
     """Give head h of `wrapper` rows h*head_dim:(h+1)*head_dim of `fused`'s W_query, W_key and W_value.
 
     `fused` is any module with the fused layout (W_query, W_key, W_value, out_proj); afterwards both modules
-    compute the same function. Names or shapes that do not fit stop in load_state_dict."""
-    if fused.n_heads != wrapper.n_heads:  # the rows would still fit, split into the wrong heads
-        raise ValueError(f"fused has {fused.n_heads} heads, wrapper {wrapper.n_heads}: build both from one GPTConfig")
+    compute the same function. Names, shapes or head counts that do not fit are refused before any copy."""
+    door.copy_fused_weights(fused, wrapper)  # the same number of heads, or the rows would land in the wrong heads
     state = {}
     for name, tensor in fused.state_dict().items():  # e.g. "W_query.weight", (emb_dim, emb_dim)
         if name.startswith("out_proj."):
@@ -160,7 +159,7 @@ class KVCache:
 
     def crop(self, length: int) -> None:
         """Forget every position from `length` on: speculative decoding drops rejected tokens (notebook 11)."""
-        require_int("length", length, minimum=0)
+        door.crop(length)  # an int >= 0
         if len(self) > length:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 

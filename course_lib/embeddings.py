@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import GPTConfig
-from .guards import require_int
+from .doors import embeddings as door
 
 # %% ../notebooks/02_embeddings.ipynb #c0132a13
 class SinusoidalPositionalEmbedding(nn.Module):
@@ -36,7 +36,7 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
     def forward(self, num_tokens: int, start_pos: int = 0) -> torch.Tensor:
         """The codes of positions start_pos .. start_pos + num_tokens - 1: (num_tokens, emb_dim)."""
-        require_int("start_pos", start_pos, minimum=0)  # a negative index would silently count from the end
+        door.first_position(start_pos)  # an int >= 0: a negative index would silently count from the end
         rows = torch.arange(start_pos, start_pos + num_tokens)  # an index past the table fails, a slice would not
         return self.table[rows.to(self.table.device)]
 

@@ -10,9 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from .block import TransformerBlock
-from .config import GPTConfig, check_config
+from .config import GPTConfig
+from .doors import model as door
 from .embeddings import GPTEmbedding
-from .guards import require_int, require_token_tensor, require_type
 from .normalization import LayerNorm
 
 # %% ../notebooks/07_gpt_model.ipynb #838b4462
@@ -23,7 +23,7 @@ class GPTModel(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        check_config(cfg)
+        door.gpt_config(cfg)  # a GPTConfig, not a dict
         self.cfg = cfg
         self.embedding = GPTEmbedding(cfg)  # token + position embeddings, dropout
         self.trf_blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
@@ -35,8 +35,7 @@ class GPTModel(nn.Module):
 
     def forward(self, token_ids: Tensor) -> Tensor:
         """Token ids (batch, tokens) -> logits (batch, tokens, vocab_size)."""
-        require_token_tensor("token_ids", token_ids, dims=2, vocab_size=self.cfg.vocab_size,
-                           device=self.out_head.weight.device, max_tokens=self.cfg.context_length)
+        door.token_ids(self, token_ids)  # integer ids (batch, tokens) on our device, in the vocabulary and context
         x = self.embedding(token_ids)  # (batch, tokens, emb_dim)
         for block in self.trf_blocks:
             x = block(x)  # (batch, tokens, emb_dim)
@@ -49,9 +48,7 @@ def init_gpt2_weights(model: nn.Module) -> None:
     projections that write into the shortcut path get std 0.02 / sqrt(2 * n_layers), so the sum of
     2 * n_layers residual updates keeps roughly the variance of one. Any model with GPTModel's layout and a
     GPTConfig takes it (notebook 16's ModernGPT does)."""
-    if not (isinstance(model, nn.Module) and isinstance(getattr(model, "cfg", None), GPTConfig)):
-        raise TypeError(f"model must be a GPTModel (or a model with its layout and a GPTConfig), got "
-                        f"{type(model).__name__}: build one with GPTModel(cfg), which calls init_gpt2_weights itself")
+    door.init_gpt2_weights(model)  # a module with a GPTConfig and GPTModel's layout
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -71,8 +68,7 @@ def trace_shapes(model: nn.Module, token_ids: Tensor, max_depth: int | None = No
     """Run one forward pass and list (module name, output shape) for every submodule it calls, in the
     order the calls start (a parent before its children); max_depth=1 keeps top-level names only,
     2 also their children, and so on. The hooks are removed afterwards, even if the pass fails."""
-    require_type("model", model, nn.Module, "pass the model itself, like GPTModel(cfg)")
-    require_int("max_depth", 1 if max_depth is None else max_depth, minimum=1)  # None: every level
+    door.trace_shapes(model, max_depth)  # a module; max_depth None (every level) or >= 1
     trace: list[list] = []  # [name, shape] pairs; the shape is filled in when the call ends
     open_calls: list[int] = []  # indices into trace of the calls still running (calls nest)
 

@@ -429,16 +429,21 @@ def test_kv_cache_that_does_not_match_fails_loudly_in_cat():
 # attention layer, which always hands it two (batch, n_heads, tokens, head_dim) tensors of one dtype.
 
 
-def test_copy_into_a_wrapper_of_another_shape_stops_in_load_state_dict():
-    # was: copy_fused_weights_to_wrapper's own ValueErrors; it now builds a state dict and load_state_dict refuses
+def test_copy_into_a_wrapper_of_another_shape_is_refused_before_anything_is_copied():
+    # was: load_state_dict's RuntimeError, raised after it had copied every tensor that fit; the door compares the
+    # two layouts first, so a refused copy leaves the wrapper as it was
     kernel = build(MultiHeadAttention)
-    with pytest.raises(RuntimeError, match=r"Error\(s\) in loading state_dict for MultiHeadAttentionWrapper:\s+"
-                                           r"Unexpected key\(s\) in state_dict: \"heads\.4\.W_query\.weight\""):
-        copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, emb_dim=8))
-    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"heads\.0\.W_query\.bias\""):
-        copy_fused_weights_to_wrapper(kernel, build(MultiHeadAttentionWrapper, qkv_bias=True))
-    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\) in state_dict: \"heads\.0\.W_query\.bias\""):
-        copy_fused_weights_to_wrapper(build(MultiHeadAttention, qkv_bias=True), build(MultiHeadAttentionWrapper))
+    cases = [(kernel, build(MultiHeadAttentionWrapper, emb_dim=8),
+              "wrapper's heads.0.W_key.weight is (2, 8), fused gives it (2, 16): build both from one GPTConfig"),
+             (kernel, build(MultiHeadAttentionWrapper, qkv_bias=True),
+              "wrapper's heads.0.W_key.bias is (4,), fused gives it nothing"),
+             (build(MultiHeadAttention, qkv_bias=True), build(MultiHeadAttentionWrapper),
+              "wrapper's heads.0.W_key.bias is missing, fused gives it (4,)")]
+    for fused, wrapper, message in cases:
+        before = {name: t.clone() for name, t in wrapper.state_dict().items()}
+        with pytest.raises(ValueError, match=re.escape(message)):
+            copy_fused_weights_to_wrapper(fused, wrapper)
+        assert all(torch.equal(before[name], t) for name, t in wrapper.state_dict().items()), "nothing copied"
 
 
 def test_copy_into_a_wrapper_with_other_heads_is_refused():

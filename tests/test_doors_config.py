@@ -1,7 +1,7 @@
-"""Issue 30: the doors of course_lib.config (GPTConfig, check_config, GPT2_CONFIGS, get_device), called as a user who
-has not read the code would call them. Each case is a call and its expected outcome: ("error", type, a fragment of
-the message that names the argument) or ("result", check). `python tests/test_doors_config.py` counts the outcomes
-as clear / correct / unclear / silent."""
+"""Issue 30: the doors of course_lib.config (GPTConfig, its door gpt_config, GPT2_CONFIGS, get_device), called as a
+user who has not read the code would call them. Each case is a call and its expected outcome: ("error", type, a
+fragment of the message that names the argument) or ("result", check). `python tests/test_doors_config.py` counts
+the outcomes as clear / correct / unclear / silent."""
 
 import dataclasses
 import math
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import torch
 
-from course_lib.config import GPT2_CONFIGS, GPTConfig, check_config, get_device
+from course_lib.config import GPT2_CONFIGS, GPTConfig, get_device
+from course_lib.doors.config import gpt_config
 
 from doors import door_tests, report
 
@@ -49,11 +50,11 @@ CASES = [
     ("qkv_bias 1", small(qkv_bias=1), ("error", TypeError, "qkv_bias must be True or False")),
     ("qkv_bias 'no'", small(qkv_bias="no"), ("error", TypeError, "qkv_bias must be True or False")),
     ("tie_weights None", small(tie_weights=None), ("error", TypeError, "tie_weights must be True or False")),
-    ("check_config ok", lambda: check_config(GPTConfig(**SMALL)), ("result", lambda r: r is None)),
-    ("check_config dict", lambda: check_config(SMALL), ("error", TypeError, "cfg must be a GPTConfig, got dict")),
-    ("check_config None", lambda: check_config(None), ("error", TypeError, "cfg must be a GPTConfig, got NoneType")),
-    ("check_config class", lambda: check_config(GPTConfig), ("error", TypeError, "cfg must be a GPTConfig, got type")),
-    ("check_config name", lambda: check_config("gpt2"), ("error", TypeError, "take one from GPT2_CONFIGS")),
+    ("gpt_config ok", lambda: gpt_config(GPTConfig(**SMALL)), ("result", lambda r: r is None)),
+    ("gpt_config dict", lambda: gpt_config(SMALL), ("error", TypeError, "cfg must be a GPTConfig, got dict")),
+    ("gpt_config None", lambda: gpt_config(None), ("error", TypeError, "cfg must be a GPTConfig, got NoneType")),
+    ("gpt_config class", lambda: gpt_config(GPTConfig), ("error", TypeError, "cfg must be a GPTConfig, got type")),
+    ("gpt_config name", lambda: gpt_config("gpt2"), ("error", TypeError, "take one from GPT2_CONFIGS")),
     ("GPT2_CONFIGS sizes", lambda: {name: (c.emb_dim, c.n_heads, c.n_layers) for name, c in GPT2_CONFIGS.items()},
      ("result", lambda r: r == {"gpt2": (768, 12, 12), "gpt2-medium": (1024, 16, 24), "gpt2-large": (1280, 20, 36),
                                 "gpt2-xl": (1600, 25, 48)})),

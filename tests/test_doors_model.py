@@ -10,7 +10,7 @@ from torch import nn
 
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-import course_lib.generation as generation
+from course_lib.doors.generation import forward_args
 from course_lib.generation import StaticKVCache
 from course_lib.model import GPTModel, init_gpt2_weights, trace_shapes
 
@@ -21,12 +21,9 @@ torch.manual_seed(0)
 MODEL = GPTModel(CFG).eval()
 IDS = torch.tensor([[1, 2, 3]])
 FULL = MODEL(IDS).detach()  # (1, 3, 50)
-# Notebook 11 replaces notebook 08's forward with one that adds attention_mask; until it calls check_forward_args
-# (08) for its checks, the cases below that only that function makes are expected to fail through model(...).
-
-
-def check_forward_args(*args):
-    return generation.check_forward_args(*args)
+# Notebook 11 replaces notebook 08's forward with one that adds attention_mask; until it calls forward_args (08's
+# door, course_lib/doors/generation.py) for its checks, the cases below that only that door makes are expected to fail
+# through model(...).
 
 
 def logits_like(expected):
@@ -97,11 +94,11 @@ CASES = [
     ("last_only True", lambda: MODEL(IDS, last_only=True), ("result", logits_like(FULL[:, -1:]))),
     ("last_only False", lambda: MODEL(IDS, last_only=False), ("result", logits_like(FULL))),
     ("last_only 'no'", lambda: MODEL(IDS, last_only="no"), ("error", TypeError, "last_only must be True or False")),
-    ("check last_only 'no'", lambda: check_forward_args(MODEL, IDS, None, "no"),
+    ("check last_only 'no'", lambda: forward_args(MODEL, IDS, None, "no"),
      ("error", TypeError, "last_only must be True or False")),
-    ("check last_only None", lambda: check_forward_args(MODEL, IDS, None, None),
+    ("check last_only None", lambda: forward_args(MODEL, IDS, None, None),
      ("error", TypeError, "last_only must be True or False")),
-    ("check ok", lambda: check_forward_args(MODEL, IDS, MODEL.new_kv_caches(), True), ("result", lambda s: s == 0)),
+    ("check ok", lambda: forward_args(MODEL, IDS, MODEL.new_kv_caches(), True), ("result", lambda s: s == 0)),
     # forward: kv_caches
     ("caches ok", lambda: MODEL(IDS, kv_caches=MODEL.new_kv_caches()), ("result", logits_like(FULL))),
     ("caches tuple", lambda: MODEL(IDS, kv_caches=tuple(MODEL.new_kv_caches())), ("result", logits_like(FULL))),
@@ -124,7 +121,7 @@ CASES = [
     ("static batch 1 then 2", cached_then(IDS, IDS.repeat(2, 1)[:, :1], [StaticKVCache(8), StaticKVCache(8)]),
      ("error", ValueError, "rows")),
     ("caches batch 2 then 1", cached_then(IDS.repeat(2, 1), IDS[:, :1]), ("error", ValueError, "rows")),
-    ("check caches batch", lambda: (lambda c: (MODEL(IDS.repeat(2, 1), kv_caches=c), check_forward_args(
+    ("check caches batch", lambda: (lambda c: (MODEL(IDS.repeat(2, 1), kv_caches=c), forward_args(
         MODEL, IDS, c, False)))(MODEL.new_kv_caches()), ("error", ValueError, "rows")),
     # init_gpt2_weights
     ("init ok", lambda: gpt2_statistics(GPTModel(CFG)), ("result", bool)),

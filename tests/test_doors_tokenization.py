@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import course_lib.tokenization as tokenization
-from course_lib.tokenization import (EOS_ID, BPETokenizer, CharTokenizer, GPTDataset, check_token_ids, count_pairs,
+from course_lib.tokenization import (EOS_ID, BPETokenizer, CharTokenizer, GPTDataset, count_pairs,
                                      create_dataloader, gpt2_merges, gpt2_tokenizer, merge_pair, split_words,
                                      train_bpe)
+from course_lib.doors.tokenization import token_ids
 
 from doors import door_tests, report
 
@@ -29,24 +30,24 @@ def dataset_len(expected):
 
 
 CASES = [
-    # check_token_ids
-    ("ids list", lambda: check_token_ids([1, 2], 5), ("result", equals([1, 2]))),
-    ("ids tensor", lambda: check_token_ids(torch.tensor([1, 2]), 5), ("result", equals([1, 2]))),
-    ("ids numpy", lambda: check_token_ids(np.array([1, 2]), 5), ("result", equals([1, 2]))),
-    ("ids tuple", lambda: check_token_ids((3,)), ("result", equals([3]))),
-    ("ids empty", lambda: check_token_ids([]), ("result", equals([]))),
-    ("ids float list", lambda: check_token_ids([1.0, 2]), ("error", TypeError, "ids must be a sequence of int token ids")),
-    ("ids float tensor", lambda: check_token_ids(torch.tensor([1.0])), ("error", TypeError, "ids must be a sequence of int")),
-    ("ids bool", lambda: check_token_ids([True, 2]), ("error", TypeError, "ids must be a sequence of int token ids")),
-    ("ids bool tensor", lambda: check_token_ids(torch.tensor([True])), ("error", TypeError, "ids must be a sequence of int")),
-    ("ids 2-D tensor", lambda: check_token_ids(torch.tensor([[1, 2]])), ("error", TypeError, "1-D integer tensor")),
-    ("ids 0-D tensor", lambda: check_token_ids(torch.tensor(3)), ("error", TypeError, "1-D integer tensor")),
-    ("ids nested list", lambda: check_token_ids([[1, 2]]), ("error", TypeError, "ids must be a sequence of int token ids")),
-    ("ids int", lambda: check_token_ids(3), ("error", TypeError, "or a 1-D integer tensor, got int")),
-    ("ids str", lambda: check_token_ids("12"), ("error", TypeError, "or a 1-D integer tensor, got str")),
-    ("ids None", lambda: check_token_ids(None), ("error", TypeError, "ids must be a sequence of int token ids")),
-    ("ids negative", lambda: check_token_ids([-1]), ("error", ValueError, "ids[0] = -1 is not a token id")),
-    ("ids = vocab", lambda: check_token_ids([0, 5], 5), ("error", ValueError, "ids[1] = 5 is not a token id")),
+    # token_ids, the door every decode goes through
+    ("ids list", lambda: token_ids([1, 2], 5), ("result", equals([1, 2]))),
+    ("ids tensor", lambda: token_ids(torch.tensor([1, 2]), 5), ("result", equals([1, 2]))),
+    ("ids numpy", lambda: token_ids(np.array([1, 2]), 5), ("result", equals([1, 2]))),
+    ("ids tuple", lambda: token_ids((3,)), ("result", equals([3]))),
+    ("ids empty", lambda: token_ids([]), ("result", equals([]))),
+    ("ids float list", lambda: token_ids([1.0, 2]), ("error", TypeError, "ids must be a sequence of int token ids")),
+    ("ids float tensor", lambda: token_ids(torch.tensor([1.0])), ("error", TypeError, "ids must be a sequence of int")),
+    ("ids bool", lambda: token_ids([True, 2]), ("error", TypeError, "ids must be a sequence of int token ids")),
+    ("ids bool tensor", lambda: token_ids(torch.tensor([True])), ("error", TypeError, "ids must be a sequence of int")),
+    ("ids 2-D tensor", lambda: token_ids(torch.tensor([[1, 2]])), ("error", TypeError, "1-D integer tensor")),
+    ("ids 0-D tensor", lambda: token_ids(torch.tensor(3)), ("error", TypeError, "1-D integer tensor")),
+    ("ids nested list", lambda: token_ids([[1, 2]]), ("error", TypeError, "ids must be a sequence of int token ids")),
+    ("ids int", lambda: token_ids(3), ("error", TypeError, "or a 1-D integer tensor, got int")),
+    ("ids str", lambda: token_ids("12"), ("error", TypeError, "or a 1-D integer tensor, got str")),
+    ("ids None", lambda: token_ids(None), ("error", TypeError, "ids must be a sequence of int token ids")),
+    ("ids negative", lambda: token_ids([-1]), ("error", ValueError, "ids[0] = -1 is not a token id")),
+    ("ids = vocab", lambda: token_ids([0, 5], 5), ("error", ValueError, "ids[1] = 5 is not a token id")),
     # CharTokenizer
     ("char ok", lambda: CharTokenizer("cab").encode("abc"), ("result", equals([1, 2, 0]))),
     ("char list", lambda: CharTokenizer(["x", "y"]).decode([1, 0]), ("result", equals("yx"))),
@@ -55,6 +56,7 @@ CASES = [
     ("char two letters", lambda: CharTokenizer(["ab"]), ("error", ValueError, "every entry must be one character")),
     ("char None", lambda: CharTokenizer(None), ("error", TypeError, "chars must be")),
     ("char int", lambda: CharTokenizer(5), ("error", TypeError, "chars must be")),
+    ("char nested list", lambda: CharTokenizer([["a"]]), ("error", ValueError, "chars[0] = ['a']: every entry")),
     ("from_text ok", lambda: CharTokenizer.from_text("hello").chars, ("result", equals(["e", "h", "l", "o"]))),
     ("from_text None", lambda: CharTokenizer.from_text(None), ("error", TypeError, "text must be a str")),
     ("from_text bytes", lambda: CharTokenizer.from_text(b"hi"), ("error", TypeError, "text must be a str")),
@@ -96,6 +98,7 @@ CASES = [
     ("bpe unknown part", lambda: BPETokenizer([(b"ab", b"c")]), ("error", ValueError, "merges[0]")),
     ("bpe str pair", lambda: BPETokenizer([("a", "b")]), ("error", ValueError, "merges[0]")),
     ("bpe list pair", lambda: BPETokenizer([[b"a", b"b"]]), ("error", ValueError, "merges[0]")),
+    ("bpe list in pair", lambda: BPETokenizer([([b"a"], b"b")]), ("error", ValueError, "merges[0]")),
     ("bpe str merges", lambda: BPETokenizer("ab"), ("error", TypeError, "merges must be a list")),
     ("bpe None", lambda: BPETokenizer(None), ("error", TypeError, "merges must be a list")),
     ("bpe encode None", lambda: BPE.encode(None), ("error", TypeError, "text must be a str")),
@@ -133,7 +136,9 @@ CASES = [
     ("loader batch too big", lambda: create_dataloader(IDS, 100, 4, 2), ("error", ValueError, "batch_size 100 is larger")),
     ("loader shuffle 'no'", lambda: create_dataloader(IDS, 2, 4, 2, shuffle="no"), ("error", TypeError, "shuffle must be True or False")),
     ("loader drop_last None", lambda: create_dataloader(IDS, 2, 4, 2, drop_last=None),
-     ("error", ValueError, "drop_last should be a boolean value")),
+     ("error", TypeError, "drop_last must be True or False, got None")),
+    ("loader drop_last 0", lambda: create_dataloader(IDS, 2, 4, 2, drop_last=0),
+     ("error", TypeError, "drop_last must be True or False, got 0")),
     ("loader seed None", lambda: create_dataloader(IDS, 2, 4, 2, seed=None), ("error", TypeError, "seed must be an int")),
     ("loader seed 1.5", lambda: create_dataloader(IDS, 2, 4, 2, seed=1.5), ("error", TypeError, "seed must be an int")),
 ]

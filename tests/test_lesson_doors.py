@@ -122,7 +122,7 @@ def crowded(x, y):
     c = count(source)
     assert c.checks == 5  # door.lean, the if and its raise, the assert, require_int
     assert c.crowded == {"crowded": 4}
-    assert c.code == 12
+    assert c.code == 11
 
 
 def test_counter_sees_a_door_call_under_any_name_and_a_nested_check():

@@ -8,8 +8,9 @@ import torch
 
 from course_lib import tokenization
 from course_lib.tokenization import (
-    GPT2_BPE_FILES, BPETokenizer, CharTokenizer, GPTDataset, check_token_ids, count_pairs, create_dataloader,
-    gpt2_merges, gpt2_tokenizer, merge_pair, split_words, train_bpe)
+    GPT2_BPE_FILES, BPETokenizer, CharTokenizer, GPTDataset, count_pairs, create_dataloader, gpt2_merges,
+    gpt2_tokenizer, merge_pair, split_words, train_bpe)
+from course_lib.doors.tokenization import token_ids
 
 # The hashes tiktoken itself expects for GPT-2's tables (stated in issue 2).
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -160,14 +161,20 @@ def test_char_tokenizer_encode_and_decode_errors():
         tok.decode([True, 0])  # a bool is not a token id
 
 
-def test_check_token_ids_accepts_tensors_and_rejects_2d():
-    assert check_token_ids(torch.tensor([1, 2]), vocab_size=3) == [1, 2]
+def test_token_ids_door_accepts_tensors_and_rejects_2d():
+    assert token_ids(torch.tensor([1, 2]), vocab_size=3) == [1, 2]
     with pytest.raises(TypeError, match=re.escape("token_ids must be a sequence of int token ids or a 1-D integer "
                                                   "tensor, got a tensor of shape (1, 2), torch.int64: pass a list like "
                                                   "[15496, 11], or one row of a batch, ids[0]")):
-        check_token_ids(torch.tensor([[1, 2]]), name="token_ids")
+        token_ids(torch.tensor([[1, 2]]), name="token_ids")
     with pytest.raises(TypeError, match="ids must be a sequence of int token ids or a 1-D integer tensor, got int"):
-        check_token_ids(5)
+        token_ids(5)
+
+
+def test_check_token_ids_still_imports_from_the_lesson_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="course_lib.doors.tokenization.token_ids"):
+        from course_lib.tokenization import check_token_ids
+    assert check_token_ids is token_ids
 
 
 # ---- BPE from scratch ------------------------------------------------------------------------------
@@ -338,7 +345,7 @@ def test_dataloader_is_reproducible_with_a_seed():
     ({"shuffle": "no"}, TypeError, "shuffle must be True or False, got 'no'"),  # DataLoader would shuffle
     ({"batch_size": 8, "stride": 10}, ValueError, "batch_size 8 is larger than the 4 windows, so drop_last=True "
                                                   "would give no batch at all"),
-    ({"drop_last": None}, ValueError, "drop_last should be a boolean value, but got drop_last=None"),
+    ({"drop_last": None}, TypeError, "drop_last must be True or False, got None"),  # refused before DataLoader
     ({"seed": 1.5}, TypeError, r"seed must be an int, got 1.5 \(float\)"),
     ({"context_length": 0}, ValueError, "context_length must be >= 1, got 0"),
     ({"stride": 0}, ValueError, "stride must be >= 1, got 0"),
