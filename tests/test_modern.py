@@ -526,6 +526,18 @@ def test_load_modern_names_missing_and_unexpected_tensors(tmp_path, llama_files)
     assert "['model.layers.0.self_attn.q_proj.bias']" in str(error.value)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_load_modern_refuses_non_finite_weights_naming_the_tensor(tmp_path, llama_files, value):
+    """As notebook 10's load_gpt2: a NaN or infinite weight is refused at the loader, named, before a model is built."""
+    config, weights = llama_files
+    folder = checkpoint(tmp_path, config, weights)
+    state = load_file(folder / "model.safetensors")
+    state["model.layers.1.mlp.down_proj.weight"][0, 0] = value
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp.down_proj.weight holds NaN or infinite values"):
+        load_modern(folder)
+
+
 def test_load_modern_names_gpt2s_loader(tmp_path):
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50, n_positions=16)).save_pretrained(tmp_path)
