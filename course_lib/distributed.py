@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .config import GPT2_CONFIGS, GPTConfig
-from .guards import as_device, require_bool, require_int, require_type
+from .doors import distributed as door
 from .model import GPTModel
 from .shards import ShardLoader, prepare
 from .tokenization import CharTokenizer, gpt2_tokenizer
@@ -33,19 +33,14 @@ from .training import TrainConfig, batch_loss, load_shakespeare, lr_at, make_opt
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25
 def flops_per_token(cfg: GPTConfig, n_params: int) -> int:
     "Training FLOPs per token: 6 per parameter (forward 2, backward 4) plus attention's 12 x layers x T x d."
-    require_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
-    require_int("n_params", n_params, minimum=1)
+    door.flops_per_token(cfg, n_params)
     return 6 * n_params + 12 * cfg.n_layers * cfg.context_length * cfg.emb_dim
 
 # %% ../notebooks/13_scaling_up.ipynb #1c214a25-1
 def matmul_peak(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int = 2048,
                 repeats: int = 5) -> float:
     "FLOP/s of the fastest of `repeats` square matmuls of this size: the peak that MFU is measured against."
-    for name, value in (("size", size), ("repeats", repeats)):
-        require_int(name, value, minimum=1)  # size 0 would time nothing, repeats 0 would leave no timing
-    device = as_device(device)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype such as torch.bfloat16, got {dtype!r}")
+    device = door.matmul_peak(device, dtype, size, repeats)  # a torch.device, a float dtype, counts >= 1
     a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
     times = []
     for _ in range(repeats + 1):  # the first is a warmup
@@ -88,62 +83,31 @@ class RunConfig:
     backend: str | None = None  # None: nccl on CUDA, gloo on the CPU
 
     def __post_init__(self):
-        known = {"preset": sorted(PRESETS), "dtype": ["float32", "bfloat16"], "backend": [None, "gloo", "nccl"]}
-        for name, choices in known.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} {getattr(self, name)!r} is unknown: choose one of {choices}")
-        for name in ("batch_tokens", "micro_batch", "checkpoint_every", "log_every", "vocab_multiple"):
-            require_int(name, getattr(self, name), minimum=1)
-        if self.total_steps is not None:
-            require_int("total_steps", self.total_steps, minimum=1)
-        require_bool("compile", self.compile)
-        require_int("seed", self.seed)
-        for name in ("data_dir", "out_dir"):
-            if not isinstance(getattr(self, name), (str, os.PathLike)):
-                raise TypeError(f"{name} must be a directory path (str or Path), got {getattr(self, name)!r}")
-        if self.device is not None:
-            require_type("device", self.device, str, "name it, e.g. 'cpu', 'cuda' or 'cuda:1'")
-            as_device(self.device)  # a name torch does not know: a clear error now, not at the start of the run
+        door.run_config(self)  # known names, counts >= 1, paths, a device name torch knows
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355
 def environment() -> tuple[int, int, int]:
     "(rank, world_size, local_rank) as torchrun sets them; (0, 1, 0) in a plain process."
     values = {name: os.environ.get(name, default) for name, default in (("RANK", "0"), ("WORLD_SIZE", "1"),
                                                                         ("LOCAL_RANK", "0"))}
-    for name, value in values.items():
-        if not value.isdigit():
-            raise ValueError(f"environment variable {name}={value!r} is not a whole number: torchrun sets it; "
-                             "unset it to train in one process")
+    door.environment(values)  # whole numbers, RANK < WORLD_SIZE
     return tuple(int(value) for value in values.values())
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355-1
 def pick_device_and_backend(run: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     "The device this rank trains on and the process-group backend that fits it, or a clear error."
-    require_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
-    device = as_device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    door.pick_device_and_backend(run, local_rank)  # a device this machine has, a backend and dtype that fit it
+    device = torch.device(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         device = torch.device("cuda", local_rank if device.index is None else device.index)  # one GPU per rank
     backend = run.backend or ("nccl" if device.type == "cuda" else "gloo")
-    if backend == "nccl" and device.type != "cuda":
-        raise ValueError(f"backend 'nccl' needs CUDA GPUs; this rank runs on {device}: use backend 'gloo' "
-                         "(or leave backend unset) on the CPU")
-    if run.dtype == "bfloat16" and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
-        raise ValueError(f"dtype 'bfloat16': {torch.cuda.get_device_name(device)} predates NVIDIA's Ampere "
-                         "generation and would only emulate it; train with dtype 'float32'")
     return device, backend
 
 # %% ../notebooks/13_scaling_up.ipynb #30d61355-2
 def accumulation_steps(batch_tokens: int, world_size: int, micro_batch: int, context_length: int) -> int:
     "Micro-batches per rank and optimizer step, so that all ranks together see batch_tokens tokens."
-    for name, value in (("batch_tokens", batch_tokens), ("world_size", world_size), ("micro_batch", micro_batch),
-                        ("context_length", context_length)):
-        require_int(name, value, minimum=1)
-    per_pass = world_size * micro_batch * context_length
-    if batch_tokens % per_pass:
-        raise ValueError(f"batch_tokens {batch_tokens} is not a multiple of world_size x micro_batch x context_length"
-                         f" = {world_size} x {micro_batch} x {context_length} = {per_pass}: use batch_tokens "
-                         f"{max(per_pass, batch_tokens // per_pass * per_pass)} or change micro_batch")
-    return batch_tokens // per_pass
+    door.accumulation_steps(batch_tokens, world_size, micro_batch, context_length)  # a batch that divides evenly
+    return batch_tokens // (world_size * micro_batch * context_length)
 
 # %% ../notebooks/13_scaling_up.ipynb #0e8abeed
 RUN_CHECKPOINT_FORMAT = "course_lib.distributed checkpoint v1"
@@ -167,23 +131,7 @@ def save_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
 def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size: int, loader: ShardLoader,
              device: torch.device) -> tuple[int, dict]:
     "Every rank restores the run from path; a checkpoint of another shape of run is refused, naming the difference."
-    try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:  # a truncated zip, a pickle error, another file type
-        raise ValueError(f"{path} cannot be read ({str(error).split('. ')[0]}): it is truncated or not a checkpoint; "
-                         "delete it to start afresh, or restore a copy") from error
-    if not isinstance(payload, dict) or payload.get("format") != RUN_CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a pretraining checkpoint ({RUN_CHECKPOINT_FORMAT!r}): start a new out_dir")
-    saved = payload["run"]
-    differ = [f"{name} {saved[name]!r} (now {getattr(run, name)!r})" for name in
-              ("preset", "batch_tokens", "micro_batch", "total_steps", "seed", "dtype", "vocab_multiple") if saved[name] != getattr(run, name)]
-    if payload["world_size"] != world_size:
-        differ.append(f"world_size {payload['world_size']} (now {world_size})")
-    if payload["model_config"] != asdict(model.cfg):
-        differ.append(f"model config {payload['model_config']} (now {asdict(model.cfg)})")
-    if differ:
-        raise ValueError(f"{path} belongs to another run: {'; '.join(differ)}. Resume with the same settings "
-                         "and number of processes, or give a new out_dir to start afresh")
+    payload = door.load_run(path, model, run, world_size, device)  # torch.load: this run's checkpoint, or why not
     loader.load_state_dict(payload["loader"])  # checks the data and the batch layout first
     model.load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
@@ -193,7 +141,7 @@ def load_run(path: Path, model: GPTModel, optimizer, run: RunConfig, world_size:
 def pretrain(run: RunConfig, progress: bool = True) -> dict:
     """Train the preset's GPTModel on run.data_dir's shards, on one process or as one rank of a torchrun job;
     resume from run.out_dir/checkpoint.pt if it exists. Returns the history (on every rank)."""
-    require_bool("progress", progress)
+    door.pretrain(run, progress)
     rank, world_size, local_rank = environment()
     device, backend = pick_device_and_backend(run, local_rank)
     if world_size > 1:
@@ -228,7 +176,7 @@ def shard_loaders(data_dir: Path, meta: dict, context_length: int, run: RunConfi
 # %% ../notebooks/13_scaling_up.ipynb #real-vocab
 def padded_gpt(cfg: GPTConfig, vocab_multiple: int, device: torch.device | str = "cpu") -> GPTModel:
     "GPTModel(cfg) on device with its vocabulary rounded up to a multiple of vocab_multiple, the padding rows zero."
-    require_int("vocab_multiple", vocab_multiple, minimum=1)
+    door.padded_gpt(vocab_multiple, device)
     model = GPTModel(replace(cfg, vocab_size=-(-cfg.vocab_size // vocab_multiple) * vocab_multiple)).to(device)
     with torch.no_grad():  # no id reads the padding rows and the loss never scores them: they stay zero
         model.out_head.weight[cfg.vocab_size:] = 0
@@ -237,7 +185,7 @@ def padded_gpt(cfg: GPTConfig, vocab_multiple: int, device: torch.device | str =
 
 def real_vocab(model, vocab_size: int):
     "model's forward with the logits of padding rows cut off: token ids (batch, tokens) -> (batch, tokens, vocab_size)."
-    require_int("vocab_size", vocab_size, minimum=1)
+    door.real_vocab(vocab_size)
     return lambda token_ids: model(token_ids)[..., :vocab_size]
 
 
@@ -367,7 +315,7 @@ def evaluate_shards(model: GPTModel, loader: ShardLoader, steps: int, world_size
                     vocab_size: int | None = None) -> float:
     """Mean loss on the first `steps` global batches of validation windows (fewer if the split is shorter), all ranks;
     vocab_size: the data's; pass it for a model with a padded vocabulary (None: all the model's logits count)."""
-    require_int("steps", steps, minimum=1)  # 0 batches have no mean loss
+    door.evaluate_shards(steps)  # 0 batches have no mean loss
     model.eval()
     saved = loader.state_dict()
     loader.epoch, loader.position = 0, 0  # the same windows at every evaluation, whatever the world size

@@ -2,12 +2,10 @@
 
 # %% auto #0
 __all__ = ['GPT2_VOCAB_SIZE', 'hook_points', 'register', 'hooked', 'run_with_cache', 'run_with_patches', 'hf_tokenizer_for',
-           'to_transformer_lens', 'check_pattern', 'previous_token_score', 'first_token_score', 'induction_score',
-           'check_lens_targets', 'logit_lens', 'head_logit_attribution', 'NoFeedForward', 'attention_only',
-           'SecondOrderChain', 'repeated_passages']
+           'to_transformer_lens', 'previous_token_score', 'first_token_score', 'induction_score', 'logit_lens',
+           'head_logit_attribution', 'NoFeedForward', 'attention_only', 'SecondOrderChain', 'repeated_passages']
 
 # %% ../notebooks/12_interpretability.ipynb #dcbff436
-import math
 import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -15,8 +13,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .config import GPTConfig
-from .guards import require_int, require_number, require_token_tensor, require_type
+from .doors import interpretability as door
 from .model import GPTModel
 from .pretrained import save_gpt2
 from .tokenization import CharTokenizer
@@ -25,9 +22,7 @@ from .tokenization import CharTokenizer
 def hook_points(model: GPTModel) -> dict[str, tuple[nn.Module, str]]:
     """name -> (module, where): the module's 'input' or 'output', its attention 'pattern', or its heads' 'z'. Any
     model with GPTModel's layout and a GPTConfig has them (notebook 16's ModernGPT does)."""
-    if not (isinstance(model, nn.Module) and isinstance(getattr(model, "cfg", None), GPTConfig)):
-        raise TypeError(f"model must be a GPTModel (course_lib.model) or a model with its layout, got "
-                        f"{type(model).__name__}: its hook points name its parts")
+    door.hook_points(model)
     points = {"embed": (model.embedding, "output")}
     for i, block in enumerate(model.trf_blocks):
         points |= {f"blocks.{i}.resid_pre": (block, "input"),
@@ -43,20 +38,14 @@ def hook_points(model: GPTModel) -> dict[str, tuple[nn.Module, str]]:
 # %% ../notebooks/12_interpretability.ipynb #a765e2f2
 def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tensor], Tensor]):
     "Attach one hook that routes the activation at (module, where) through edit(name, activation)."
-    if where not in ("input", "output", "pattern", "z"):
-        raise ValueError(f"where must be 'input', 'output', 'pattern' or 'z', got {where!r}")
-    if not callable(edit):
-        raise TypeError(f"edit must be a function edit(name, activation), got {type(edit).__name__}")
+    door.register(where, edit)
     if where == "input":
         return module.register_forward_pre_hook(lambda m, args: (edit(name, args[0]), *args[1:]))
     if where == "output":
         return module.register_forward_hook(lambda m, args, out: edit(name, out))
     if where == "pattern":  # the kernel never forms the weights: compute them beside it, to record only
         def pattern(m, args, out):
-            if len(args) > 2 and (args[-2] is not None or args[-1] is not None):  # (x, ..., kv_cache, may_attend)
-                raise ValueError(f"{name} is recorded for a plain pass over whole sequences: the layer was called "
-                                 "with a KV cache or a padding mask, which attention_weights does not see; call the "
-                                 "model on the token ids alone, as run_with_cache does")
+            door.plain_pass(name, args)  # no KV cache, no padding mask: attention_weights sees neither
             edit(name, m.attention_weights(args[0]))
         return module.register_forward_hook(pattern)
 
@@ -69,12 +58,8 @@ def register(module: nn.Module, where: str, name: str, edit: Callable[[str, Tens
 @contextmanager
 def hooked(model: GPTModel, names: Iterable[str], edit: Callable[[str, Tensor], Tensor]):
     "Inside the with block, each named activation passes through edit(name, activation); hooks removed after."
-    if isinstance(names, str) or not isinstance(names, Iterable):
-        raise TypeError(f"names must be a list of hook point names, e.g. ['embed'], got {names!r}")
-    points, handles, names = hook_points(model), [], list(names)
-    unknown = [name for name in names if name not in points]
-    if unknown:
-        raise ValueError(f"no hook point named {unknown}: hook_points(model) lists this model's names")
+    names = door.hooked(model, names, edit)  # a list of this model's hook point names, or a clear error
+    points, handles = hook_points(model), []
     try:
         for name in names:
             module, where = points[name]
@@ -102,22 +87,8 @@ def run_with_cache(model: GPTModel, token_ids: Tensor,
 def run_with_patches(model: GPTModel, token_ids: Tensor,
                      patches: dict[str, Callable[[Tensor], Tensor]]) -> Tensor:
     "The logits of a forward pass in which each named activation is replaced by patches[name](activation)."
-    if not isinstance(patches, dict) or not all(map(callable, patches.values())):
-        raise TypeError(f"patches must be a dict {{hook point name: function(activation) -> new activation}}, got "
-                        f"{patches!r:.80}")
-    if any(".attn.pattern" in name for name in patches):  # its hook only records: a patch would be ignored
-        raise ValueError("patches: attn.pattern can be recorded but not patched; patch 'blocks.<i>.attn.z' instead")
-
-    def patch(name, activation):
-        new = patches[name](activation)
-        if not isinstance(new, Tensor) or (new.shape, new.dtype, new.device) != (activation.shape, activation.dtype,
-                                                                                 activation.device):
-            raise ValueError(f"patches[{name!r}] returned {getattr(new, 'shape', type(new))}, not a tensor of the "
-                             f"activation's shape {activation.shape}, dtype {activation.dtype} and device "
-                             f"{activation.device}")
-        return new
-
-    with torch.no_grad(), hooked(model, patches, patch):
+    patches = door.patches(patches)  # each now checks that it returns a tensor like the activation it replaces
+    with torch.no_grad(), hooked(model, patches, lambda name, activation: patches[name](activation)):
         return model(token_ids)
 
 # %% ../notebooks/12_interpretability.ipynb #2d247a89
@@ -126,7 +97,7 @@ GPT2_VOCAB_SIZE = 50257  # a model with this vocabulary gets GPT-2's tokenizer f
 # %% ../notebooks/12_interpretability.ipynb #2d247a89-1
 def hf_tokenizer_for(tokenizer: CharTokenizer):
     "A Hugging Face fast tokenizer with the same ids as the course's CharTokenizer: one id per character."
-    require_type("tokenizer", tokenizer, CharTokenizer, "pass the CharTokenizer the model was trained with")
+    door.hf_tokenizer_for(tokenizer)
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     core = Tokenizer(models.WordLevel({ch: i for i, ch in enumerate(tokenizer.chars)}, unk_token=None))
@@ -137,13 +108,7 @@ def hf_tokenizer_for(tokenizer: CharTokenizer):
 # %% ../notebooks/12_interpretability.ipynb #2d247a89-2
 def to_transformer_lens(model: GPTModel, tokenizer: CharTokenizer | None = None):
     "A TransformerLens TransformerBridge with the model's weights, through a save_gpt2 folder; offline."
-    require_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
-    if tokenizer is not None:
-        require_type("tokenizer", tokenizer, CharTokenizer, "pass the model's CharTokenizer, or None for GPT-2's")
-    expected = GPT2_VOCAB_SIZE if tokenizer is None else tokenizer.vocab_size  # None: GPT-2's files come with save_gpt2
-    if expected != model.cfg.vocab_size:
-        raise ValueError(f"tokenizer: it has {expected} token ids, the model {model.cfg.vocab_size}: pass the "
-                         "CharTokenizer the model was trained with (None only for GPT-2's vocabulary)")
+    door.to_transformer_lens(model, tokenizer)  # None only for GPT-2's vocabulary: its files come with save_gpt2
     from transformer_lens.model_bridge import TransformerBridge
     with tempfile.TemporaryDirectory() as folder:
         save_gpt2(model, folder)
@@ -154,56 +119,29 @@ def to_transformer_lens(model: GPTModel, tokenizer: CharTokenizer | None = None)
         bridge.cfg.default_prepend_bos = False  # our character models were trained without a start token
     return bridge.eval()
 
-# %% ../notebooks/12_interpretability.ipynb #check-pattern
-def check_pattern(pattern: Tensor) -> None:
-    "An attention pattern (batch, heads, queries, keys) of float weights whose every row sums to 1."
-    if not isinstance(pattern, Tensor) or not pattern.is_floating_point():
-        got = f"dtype {pattern.dtype}" if isinstance(pattern, Tensor) else type(pattern).__name__
-        raise TypeError(f"pattern must be a float tensor of attention weights, got {got}: take "
-                        "cache['blocks.<i>.attn.pattern'] from run_with_cache")
-    if pattern.dim() != 4 or pattern.shape[-1] != pattern.shape[-2]:
-        raise ValueError(f"pattern must be (batch, heads, queries, keys) with as many queries as keys, got shape "
-                         f"{tuple(pattern.shape)}: for one sequence add the batch dimension with .unsqueeze(0)")
-    if not bool(((pattern.float().sum(-1) - 1).abs() <= 1e-2).all()):  # NaN fails too
-        raise ValueError("pattern's rows must each sum to 1, the softmax weights of one query: pass the weights, "
-                         "not the scores before the softmax or weights summed over several patterns")
-
 # %% ../notebooks/12_interpretability.ipynb #ec02e18e
 def previous_token_score(pattern: Tensor) -> Tensor:
     "(batch, heads, q, k) -> (heads,): the mean weight a query puts on the position just before it."
-    check_pattern(pattern)
+    door.pattern(pattern)
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, -1))
 
 # %% ../notebooks/12_interpretability.ipynb #ec02e18e-1
 def first_token_score(pattern: Tensor) -> Tensor:
     "(batch, heads, q, k) -> (heads,): the mean weight queries 1.. put on position 0."
-    check_pattern(pattern)
+    door.pattern(pattern)
     return pattern[..., 1:, 0].mean(dim=(0, -1))
 
 # %% ../notebooks/12_interpretability.ipynb #ec02e18e-2
 def induction_score(pattern: Tensor, period: int) -> Tensor:
     "(batch, heads, q, k) of a sequence repeated with this period -> (heads,): mean weight on q - period + 1."
-    check_pattern(pattern)
-    require_int("period", period, minimum=1)
-    if not 1 <= period <= pattern.shape[-1] // 2:
-        raise ValueError(f"period {period}: the pattern covers {pattern.shape[-1]} tokens, not two copies of the repeat")
+    door.induction_score(pattern, period)  # a pattern, and a period whose two copies fit into it
     # entries (q, q - period + 1) for q = period - 1 ...; the queries of the second copy start at q = period
     return pattern.diagonal(offset=1 - period, dim1=-2, dim2=-1)[..., 1:].mean(dim=(0, -1))
-
-# %% ../notebooks/12_interpretability.ipynb #check-targets
-def check_lens_targets(model: GPTModel, stream: Tensor, target_ids: Tensor) -> None:
-    "target_ids (batch, tokens): one id of the model's vocabulary per position of the cached stream."
-    require_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
-    require_token_tensor("target_ids", target_ids, dims=2, vocab_size=model.cfg.vocab_size)
-    if target_ids.shape != stream.shape[:2]:
-        raise ValueError(f"target_ids must hold one id per cached position, shape {tuple(stream.shape[:2])}, got "
-                         f"{tuple(target_ids.shape)}: for next-token targets cache token_ids[:, :-1] and pass "
-                         "token_ids[:, 1:]")
 
 # %% ../notebooks/12_interpretability.ipynb #d6a6caae
 def logit_lens(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) -> tuple[Tensor, Tensor]:
     "Probability and rank (0: top) of target_ids read off the stream after the embeddings and after every block."
-    check_lens_targets(model, cache["embed"], target_ids)
+    door.logit_lens(model, cache, target_ids)  # one id of the vocabulary per cached position
     stages = ["embed"] + [f"blocks.{i}.resid_post" for i in range(len(model.trf_blocks))]
     probs, ranks = [], []
     with torch.no_grad():
@@ -217,9 +155,8 @@ def logit_lens(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) ->
 # %% ../notebooks/12_interpretability.ipynb #7915c4cd
 def head_logit_attribution(model: GPTModel, cache: dict[str, Tensor], target_ids: Tensor) -> Tensor:
     "(n_layers, n_heads, batch, tokens): each head's direct contribution to the logit of target_ids."
-    require_type("model", model, GPTModel, "pass the GPTModel the cache was recorded from")
+    door.head_logit_attribution(model, cache, target_ids)  # one id of the vocabulary per cached position
     stream = cache[f"blocks.{len(model.trf_blocks) - 1}.resid_post"]
-    check_lens_targets(model, stream, target_ids)
     norm = model.final_norm
     scale = (stream.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (batch, tokens, 1), held fixed
     directions = model.out_head.weight[target_ids] * norm.scale  # (batch, tokens, emb_dim): gamma * W_U[target]
@@ -242,7 +179,7 @@ class NoFeedForward(nn.Module):
 # %% ../notebooks/12_interpretability.ipynb #ca2fd4d0-1
 def attention_only(model: GPTModel) -> GPTModel:
     "The model with every block's feed-forward replaced by NoFeedForward (in place): only heads write."
-    require_type("model", model, GPTModel, "pass a GPTModel (course_lib.model)")
+    door.attention_only(model)
     for block in model.trf_blocks:
         block.ff = NoFeedForward()
     return model
@@ -253,10 +190,7 @@ class SecondOrderChain:
     softmax(after_one[x_t] + after_two[x_(t-1)]), two (vocab, vocab) tables of random logits times strength."""
 
     def __init__(self, vocab_size: int, strength: float = 3.0, seed: int = 0):
-        require_int("vocab_size", vocab_size, minimum=2)
-        require_number("strength", strength, 0, math.inf, high_open=True,
-                     why="0 gives uniform random tokens, larger a more predictable chain")
-        require_int("seed", seed)
+        door.second_order_chain(vocab_size, strength, seed)
         generator = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
         self.after_one = strength * torch.randn(vocab_size, vocab_size, generator=generator)
@@ -264,8 +198,7 @@ class SecondOrderChain:
 
     def sample(self, n: int, length: int, generator: torch.Generator) -> Tensor:
         "(n, length) token ids: the first two uniform, every later one drawn given the two before it."
-        require_int("n", n, minimum=0)
-        require_int("length", length, minimum=0)
+        door.sample(n, length, generator)
         ids = torch.randint(0, self.vocab_size, (n, length), generator=generator)
         for t in range(2, length):
             logits = self.after_one[ids[:, t - 1]] + self.after_two[ids[:, t - 2]]  # (n, vocab)
@@ -276,12 +209,13 @@ class SecondOrderChain:
 def repeated_passages(chain: SecondOrderChain, n: int, context_length: int, periods: range,
                       generator: torch.Generator) -> Tensor:
     "(n, context_length): n passages of one length drawn from periods, each repeated until the row is full."
-    require_type("chain", chain, SecondOrderChain, "build one with SecondOrderChain(vocab_size)")
-    require_int("context_length", context_length, minimum=2)
-    if not isinstance(periods, (range, list, tuple)) or not all(isinstance(p, int) for p in periods):
-        raise TypeError(f"periods must be a range or list of passage lengths (ints), got {periods!r}")
-    if not periods or min(periods) < 1 or 2 * max(periods) > context_length:
-        raise ValueError(f"periods: {periods} must be lengths >= 1 that fit twice into context_length={context_length}")
+    door.repeated_passages(chain, n, context_length, periods, generator)  # lengths that fit twice into a row
     period = periods[int(torch.randint(len(periods), (1,), generator=generator))]
     passages = chain.sample(n, period, generator)  # (n, period)
     return passages.repeat(1, context_length // period + 1)[:, :context_length]
+
+# %% ../notebooks/12_interpretability.ipynb #moved-12
+from .doors import moved
+
+__getattr__ = moved(__name__, {"check_pattern": "course_lib.doors.interpretability:pattern",
+                               "check_lens_targets": "course_lib.doors.interpretability:lens_targets"})

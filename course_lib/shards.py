@@ -8,15 +8,13 @@ __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER_BYTES', 'HEADER_LAYOUT', 'wri
 import json
 import os
 import struct
-import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from .guards import require_int, require_number, require_type
+from .doors import shards as shards_door
 from .tokenization import EOS_ID, CharTokenizer
 from .training import tokenizer_state
 
@@ -29,13 +27,7 @@ HEADER_LAYOUT = "<16sIIIQ"  # little-endian: 16 bytes, three uint32, one uint64
 # %% ../notebooks/13_scaling_up.ipynb #4708d327-1
 def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
     "Write token ids as a shard: a 64-byte header, then one little-endian uint16 per token (atomically)."
-    require_type("token_ids", token_ids, Tensor, "wrap a list of ids with torch.tensor(...)")
-    require_int("vocab_size", vocab_size, minimum=1)
-    low, high = (int(token_ids.long().min()), int(token_ids.long().max())) if token_ids.numel() else (0, 0)
-    if token_ids.dim() != 1 or token_ids.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32,
-                                                   torch.float64) or not 0 <= low <= high < vocab_size <= 2**16:
-        raise ValueError(f"token_ids must be 1-D integer ids in [0, vocab_size={vocab_size}), vocab_size <= 65536 "
-                         f"(uint16); got shape {tuple(token_ids.shape)}, {token_ids.dtype}, ids in [{low}, {high}]")
+    shards_door.write_shard(token_ids, vocab_size)  # 1-D ids in [0, vocab_size), vocab_size <= 65536 (uint16)
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     header = struct.pack(HEADER_LAYOUT, SHARD_MAGIC, SHARD_VERSION, 2, vocab_size, len(token_ids))
@@ -68,11 +60,7 @@ def read_header(path: str | Path) -> ShardHeader:
     with open(path, "rb") as f:  # a missing file: FileNotFoundError names it
         raw = f.read(HEADER_BYTES).ljust(HEADER_BYTES, b"\0")
     magic, version, bytes_per_token, vocab_size, n_tokens = struct.unpack_from(HEADER_LAYOUT, raw)
-    found = (magic, version, bytes_per_token, path.stat().st_size, sys.byteorder)
-    expected = (SHARD_MAGIC, SHARD_VERSION, 2, HEADER_BYTES + 2 * n_tokens, "little")
-    if found != expected:
-        raise ValueError(f"{path} is not a whole course_lib shard: (magic, version, bytes per token, file size, "
-                         f"byte order) = {found}, expected {expected} for its {n_tokens} tokens; prepare the data again")
+    shards_door.read_header(path, magic, version, bytes_per_token, vocab_size, n_tokens)  # each field, the file
     return ShardHeader(version, bytes_per_token, vocab_size, n_tokens)
 
 # %% ../notebooks/13_scaling_up.ipynb #4708d327-4
@@ -83,21 +71,14 @@ def read_shard(path: str | Path) -> Tensor:
         return torch.empty(0, dtype=torch.uint16)
     mapped = torch.from_file(str(path), shared=False, size=HEADER_BYTES // 2 + header.n_tokens, dtype=torch.uint16)
     tokens = mapped[HEADER_BYTES // 2:]
-    high = max(int(chunk.int().max()) for chunk in tokens.split(1 << 24))  # one pass, 64 MiB of int32 at a time
-    if high >= header.vocab_size:
-        raise ValueError(f"{path} holds token id {high} >= its header's vocab_size {header.vocab_size}: the shard is "
-                         "damaged; prepare the data again")
+    shards_door.read_shard(path, tokens, header.vocab_size)  # every id < vocab_size: one pass over the tokens
     return tokens
 
 # %% ../notebooks/13_scaling_up.ipynb #019c6399
 def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_tokens: int = 100_000_000) -> dict:
     """Tokenize documents (an iterable of str) into out_dir: the first val_tokens tokens into val_000000.bin,
     the rest into train_000000.bin, train_000001.bin, ... of shard_tokens each, and a meta.json."""
-    for name, value in (("val_tokens", val_tokens), ("shard_tokens", shard_tokens)):
-        require_int(name, value, minimum=1)  # 0 would never fill a shard
-    if isinstance(documents, str) or not isinstance(documents, Iterable):  # a str: each character a document
-        got = "one str" if isinstance(documents, str) else type(documents).__name__
-        raise TypeError(f"documents must be an iterable of texts, got {got}: pass [text]")
+    documents = shards_door.prepare(documents, val_tokens, shard_tokens)  # texts (a list checked whole), sizes >= 1
     state = tokenizer_state(tokenizer)  # refuses a tokenizer it cannot record, before any work
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +95,6 @@ def prepare(out_dir: str | Path, documents, tokenizer, val_tokens: int, shard_to
         buffer, filled = torch.empty(shard_tokens, dtype=torch.int32), 0  # every later shard is a training shard
 
     for document in documents:
-        require_type("documents' item", document, str, "every document is one text")
         encoded = tokenizer.encode_ordinary(document) if gpt2 else tokenizer.encode(document)  # text, never specials
         ids = torch.tensor(([EOS_ID] if gpt2 else []) + encoded, dtype=torch.int32)
         while len(ids):  # GPT-2's <|endoftext|> goes before each document: it marks where one starts
@@ -135,8 +115,7 @@ class ShardWindows:
     context_length + 1 tokens from k * context_length on, so neighbouring windows share one token."""
 
     def __init__(self, paths: list, context_length: int):
-        if isinstance(paths, (str, os.PathLike)):
-            raise TypeError(f"paths must be a list of shard files, got one {type(paths).__name__}: pass [path]")
+        shards_door.shard_windows(paths, context_length)  # a list of files, not one path
         self.shards = [read_shard(p) for p in paths]
         self.context_length = context_length
         counts = torch.tensor([(len(s) - 1) // context_length if len(s) else 0 for s in self.shards])
@@ -145,7 +124,7 @@ class ShardWindows:
 
     def window_tokens(self, window: int) -> Tensor:
         "The context_length + 1 tokens of one window, as int64."
-        require_number("window", window, 0, self.n_windows, high_open=True, why="the windows are 0 .. n_windows - 1")
+        shards_door.window(window, self.n_windows)
         shard = int(torch.searchsorted(self.first_window, window, right=True)) - 1
         start = (window - int(self.first_window[shard])) * self.context_length
         return self.shards[shard][start:start + self.context_length + 1].long()
@@ -153,10 +132,7 @@ class ShardWindows:
 # %% ../notebooks/13_scaling_up.ipynb #rankwin
 def rank_windows(order: Tensor, accumulate: int, world_size: int, micro_batch: int, rank: int) -> Tensor:
     "This rank's windows of an epoch's order: a step's micro-batch j on rank r is block j * world_size + r."
-    require_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
-    if order.numel() % (accumulate * world_size * micro_batch):
-        raise ValueError(f"order has {order.numel()} windows, not whole steps of accumulate x world_size x micro_batch "
-                         f"= {accumulate * world_size * micro_batch}")
+    shards_door.rank_windows(order, accumulate, world_size, micro_batch, rank)  # a rank, and whole steps of windows
     blocks = order.view(-1, accumulate, world_size, micro_batch)  # (steps, accumulate, world_size, micro_batch)
     return blocks[:, :, rank].flatten()  # (steps x accumulate x micro_batch,)
 
@@ -180,15 +156,7 @@ class LoaderPosition:
                 "micro_batch": self.micro_batch, "rows_per_step": self.rows_per_step, "n_windows": self.n_windows}
 
     def load_state_dict(self, state: dict) -> None:
-        require_type("state", state, dict, "pass what state_dict() returned")
-        mine = self.state_dict()
-        keys = [k for k in ("seed", "world_size", "micro_batch", "rows_per_step", "n_windows") if state.get(k) != mine[k]]
-        saved, now = (", ".join(f"{k}={values.get(k)}" for k in keys) for values in (state, mine))
-        if keys:
-            raise ValueError(f"the loader state was saved with {saved}, this loader has {now}: resume with the same "
-                             "data, seed, world size, batch and micro_batch")
-        if not 0 <= state["position"] < self.per_rank // self.micro_batch:
-            raise ValueError(f"the loader state's position {state['position']} is outside an epoch: the state is damaged")
+        shards_door.loader_state(self, state)  # saved with the same settings, at a position inside an epoch
         self.epoch, self.position = state["epoch"], state["position"]
 
 # %% ../notebooks/13_scaling_up.ipynb #e0ac30fd
@@ -199,29 +167,19 @@ class ShardLoader(LoaderPosition, ShardWindows):
 
     def __init__(self, paths: list, context_length: int, micro_batch: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, rows_per_step: int | None = None):
-        per_pass = world_size * micro_batch  # rows of one forward pass, all ranks together
-        rows_per_step = per_pass if rows_per_step is None else rows_per_step
-        for name, value in (("context_length", context_length), ("micro_batch", micro_batch),
-                            ("world_size", world_size), ("rows_per_step", rows_per_step)):
-            require_int(name, value, minimum=1)
-        require_int("seed", seed)
-        require_number("rank", rank, 0, world_size, high_open=True, why="ranks are 0 .. world_size - 1")
-        if rows_per_step % per_pass:  # every rank must do whole micro-batches
-            raise ValueError(f"rows_per_step {rows_per_step} is not a multiple of world_size x micro_batch = {per_pass}")
+        rows = shards_door.shard_loader(paths, context_length, micro_batch, rank, world_size, seed, rows_per_step)
         super().__init__(paths, context_length)
         self.micro_batch, self.rank, self.world_size, self.seed = micro_batch, rank, world_size, seed
-        self.rows_per_step, self.accumulate = rows_per_step, rows_per_step // per_pass
-        self.steps_per_epoch = self.n_windows // rows_per_step  # the rest of the permutation waits for the next epoch
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"the shards hold {self.n_windows} windows of {context_length + 1} tokens, fewer than "
-                             f"one step's {rows_per_step}: use more data, a smaller batch or a shorter context")
+        self.rows_per_step = rows  # None: one forward pass of every rank, world_size x micro_batch
+        self.accumulate = rows // (world_size * micro_batch)
+        self.steps_per_epoch = self.n_windows // rows  # the rest of the permutation waits for the next epoch
         self.per_rank = self.steps_per_epoch * self.accumulate * micro_batch
         self.epoch, self.position = 0, 0  # position: micro-batches read in this epoch
         self._order_epoch, self._order = None, None
 
     def epoch_windows(self, epoch: int) -> Tensor:
         "(per_rank,) the ids of the windows this rank reads in epoch `epoch`, in order."
-        require_int("epoch", epoch, minimum=0)
+        shards_door.epoch(epoch)
         if self._order_epoch != epoch:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             order = torch.randperm(self.n_windows, generator=generator)[:self.steps_per_epoch * self.rows_per_step]

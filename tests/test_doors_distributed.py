@@ -3,6 +3,7 @@ read the code might. One table of cases: ("error", type, fragment of our message
 ("result", check). `python tests/test_doors_distributed.py` prints the counts of clear errors, correct results,
 unclear errors and silent wrong answers."""
 
+import dataclasses
 import math
 import tempfile
 from contextlib import nullcontext
@@ -13,7 +14,7 @@ import torch
 from course_lib.config import GPTConfig
 from course_lib.distributed import (
     PRESETS, RunConfig, accumulation_steps, environment, evaluate_shards, flops_per_token, load_run, matmul_peak,
-    pick_device_and_backend, pretrain, save_run,
+    padded_gpt, pick_device_and_backend, pretrain, real_vocab, save_run,
 )
 from course_lib.model import GPTModel
 from course_lib.shards import (
@@ -125,7 +126,42 @@ def env(monkeypatch_values):
                 os.environ[k] = v
 
 
+def load_other_run(**changes):
+    "A checkpoint saved by run_state's run, loaded by a run with these changes."
+    path, model, optimizer, r, ld = saved_run()
+    return load_run(path, model, optimizer, dataclasses.replace(r, **changes), 1, ld, torch.device("cpu"))
+
+
+def pick_on_this_machine(device):
+    """pick_device_and_backend with device named: on a machine without CUDA a clear error (checked here, on the
+    CPU-only test machine); with CUDA, this rank's GPU and NCCL."""
+    return pick_device_and_backend(RunConfig("d", "o", device=device), 0)
+
+
+def prepare_refused_writes_nothing(documents):
+    out = tmp() / "data"
+    try:
+        prepare(out, documents, TOK, 600)
+    except TypeError:
+        return not out.exists()
+    return False
+
+
+def load_state_with(**changes):
+    ld = loader()
+    ld.load_state_dict(ld.state_dict() | changes)
+    return ld.epoch, ld.position
+
+
 CPU = RunConfig("d", "o", device="cpu")
+PICK_CUDA = [  # device="cuda" named: refused on a machine without CUDA (the CPU-only test machine), taken on a GPU
+    ("pick cuda, machine without CUDA", lambda: pick_on_this_machine("cuda"), "error", ValueError,
+     "device 'cuda': this machine has no CUDA"),
+    ("pick cuda:1, machine without CUDA", lambda: pick_on_this_machine("cuda:1"), "error", ValueError,
+     "use device='cpu', or leave device unset"),
+] if not torch.cuda.is_available() else [
+    ("pick cuda", lambda: pick_on_this_machine("cuda"), "result", lambda r: r == (torch.device("cuda", 0), "nccl")),
+]
 SMALL = GPTConfig(vocab_size=10, context_length=8, emb_dim=16, n_heads=2, n_layers=1)
 
 CASES = [
@@ -163,6 +199,20 @@ CASES = [
     ("pick nccl cpu", lambda: pick_device_and_backend(RunConfig("d", "o", device="cpu", backend="nccl"), 0),
      "error", ValueError, "nccl"),
     ("pick run dict", lambda: pick_device_and_backend({"device": "cpu"}, 0), "error", TypeError, "run"),
+    *PICK_CUDA,
+    ("pick local_rank -1", lambda: pick_device_and_backend(CPU, -1), "error", ValueError, "local_rank"),
+    ("pick local_rank str", lambda: pick_device_and_backend(CPU, "0"), "error", TypeError, "local_rank"),
+    ("env rank 2 of 2", lambda: env({"RANK": "2", "WORLD_SIZE": "2"}), "error", ValueError, "RANK=2 and WORLD_SIZE=2"),
+    ("env world 0", lambda: env({"WORLD_SIZE": "0"}), "error", ValueError, "WORLD_SIZE=0"),
+    ("env rank 1 of 2", lambda: env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}), "result",
+     lambda r: r == (1, 2, 1)),
+    ("run replace keeps checks", lambda: dataclasses.replace(CPU, micro_batch=0), "error", ValueError, "micro_batch"),
+    ("peak repeats 0", lambda: matmul_peak("cpu", size=8, repeats=0), "error", ValueError, "repeats"),
+    ("padded_gpt multiple 0", lambda: padded_gpt(SMALL, 0), "error", ValueError, "vocab_multiple"),
+    ("padded_gpt device bad", lambda: padded_gpt(SMALL, 8, "gpu"), "error", ValueError, "device"),
+    ("padded_gpt ok", lambda: padded_gpt(SMALL, 8), "result",
+     lambda m: m.out_head.weight.shape[0] == 16 and bool((m.out_head.weight[10:] == 0).all())),
+    ("real_vocab 0", lambda: real_vocab(GPTModel(SMALL), 0), "error", ValueError, "vocab_size"),
     # accumulation_steps
     ("accum ok", lambda: accumulation_steps(1024, 2, 4, 64), "result", lambda r: r == 2),
     ("accum 0 tokens", lambda: accumulation_steps(0, 1, 4, 64), "error", ValueError, "batch_tokens"),
@@ -179,6 +229,8 @@ CASES = [
     ("load_run other fmt", lambda: load_damaged(torch_bytes({"format": "x"})), "error", ValueError,
      "not a pretraining checkpoint"),
     ("load_run list", lambda: load_damaged(torch_bytes([1, 2])), "error", ValueError, "not a pretraining checkpoint"),
+    ("load_run other micro_batch", lambda: load_other_run(micro_batch=4), "error", ValueError,
+     "belongs to another run: micro_batch 2 (now 4)"),
     # pretrain
     ("pretrain truncated ckpt", lambda: pretrain_with(checkpoint=b"PK\x03\x04" + b"\0" * 100), "error", ValueError,
      "checkpoint.pt"),
@@ -214,6 +266,11 @@ CASES = [
     ("header missing", lambda: read_header(tmp() / "none.bin"), "error", FileNotFoundError, "none.bin"),
     ("read damaged ids", lambda: read_shard(damaged_shard()), "error", ValueError, "vocab_size"),
     ("read vocab 0", lambda: read_shard(patch(shard(), 24, 0)), "error", ValueError, "vocab_size"),
+    ("header vocab 0", lambda: read_header(patch(shard(), 24, 0)), "error", ValueError,
+     "s.bin: its header's vocab_size is 0"),
+    ("header vocab 70000", lambda: read_header(patch(shard(), 24, 70000)), "error", ValueError,
+     "its header's vocab_size is 70000"),
+    ("header vocab 65536", lambda: read_header(patch(shard(), 24, 65536)).vocab_size, "result", lambda r: r == 65536),
     # prepare
     ("prepare ok", lambda: prepare(tmp(), [TEXT], TOK, 600)["tokens"], "result",
      lambda r: r == {"val": 600, "train": len(TEXT) - 600}),
@@ -223,6 +280,14 @@ CASES = [
     ("prepare val 0", lambda: prepare(tmp(), [TEXT], TOK, 0), "error", ValueError, "val_tokens"),
     ("prepare tok str", lambda: prepare(tmp(), [TEXT], "gpt2", 600), "error", TypeError, "tokenizer"),
     ("prepare unknown char", lambda: prepare(tmp(), [TEXT + "Z"], TOK, 600), "error", ValueError, "vocabulary"),
+    ("prepare doc int writes nothing", lambda: prepare_refused_writes_nothing([TEXT, 3]), "result",
+     lambda r: r is True),
+    ("prepare generator", lambda: prepare(tmp(), (t for t in [TEXT]), TOK, 600)["tokens"], "result",
+     lambda r: r == {"val": 600, "train": len(TEXT) - 600}),
+    ("prepare generator doc int", lambda: prepare(tmp(), (t for t in [TEXT, 3]), TOK, 600), "error", TypeError,
+     "documents' item"),
+    ("prepare bytes", lambda: prepare(tmp(), TEXT.encode(), TOK, 600), "error", TypeError, "documents' item"),
+    ("prepare shard_tokens 0", lambda: prepare(tmp(), [TEXT], TOK, 600, 0), "error", ValueError, "shard_tokens"),
     # ShardLoader / rank_windows / LoaderPosition
     ("loader ok", lambda: [t.shape for t in loader().next_batch()], "result", lambda r: r == [(2, 8), (2, 8)]),
     ("loader one path str", lambda: ShardLoader(str(data_dir() / "train_000000.bin"), 8, 2), "error", TypeError,
@@ -237,6 +302,16 @@ CASES = [
     ("window past end", lambda: loader().window_tokens(10_000), "error", ValueError, "window"),
     ("window -1", lambda: loader().window_tokens(-1), "error", ValueError, "window"),
     ("epoch -1", lambda: loader().epoch_windows(-1), "error", ValueError, "epoch"),
+    ("loader rows not multiple", lambda: loader(rows_per_step=3), "error", ValueError, "rows_per_step 3"),
+    ("loader too few windows", lambda: loader(rows_per_step=1000), "error", ValueError, "fewer than one step's 1000"),
+    ("loader state position str", lambda: load_state_with(position="0"), "error", ValueError, "position"),
+    ("loader state epoch -1", lambda: load_state_with(epoch=-1), "error", ValueError, "epoch"),
+    ("loader state round trip", lambda: load_state_with(epoch=2, position=1), "result", lambda r: r == (2, 1)),
+    ("window float", lambda: loader().window_tokens(1.0), "error", TypeError, "window"),
+    ("window True", lambda: loader().window_tokens(True), "error", TypeError, "window"),
+    ("rank_windows list", lambda: rank_windows(list(range(8)), 2, 2, 2, 0), "error", TypeError, "order"),
+    ("rank_windows accumulate 0", lambda: rank_windows(torch.arange(8), 0, 2, 2, 0), "error", ValueError,
+     "accumulate"),
     ("rank_windows ok", lambda: rank_windows(torch.arange(8), 2, 2, 2, 1).tolist(), "result",
      lambda r: r == [2, 3, 6, 7]),
     ("rank_windows rank 2", lambda: rank_windows(torch.arange(8), 2, 2, 2, 2), "error", ValueError, "rank"),

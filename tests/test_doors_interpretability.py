@@ -3,11 +3,14 @@ the code might call it. Each case is the call and what must come out: ("error", 
 naming the argument) or ("result", check) for an input that legitimately works, the check proving the result right.
 `outcome` sorts a run into clear / correct (passes) and unclear / silent (a deep error, or a wrong answer)."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
 from course_lib.config import GPTConfig
+from course_lib.doors import interpretability as door
 from course_lib.interpretability import (NoFeedForward, SecondOrderChain, attention_only, first_token_score,
                                          head_logit_attribution, hf_tokenizer_for, hook_points, hooked,
                                          induction_score, logit_lens, previous_token_score, register,
@@ -68,6 +71,39 @@ def registered_run(where, edit):
         return model(IDS)
     finally:
         handle.remove()
+
+
+def pattern_hook_run(**pass_args):
+    """Record block 0's attention pattern during a pass of MODEL with pass_args (a KV cache, or a padding mask on
+    the block itself)."""
+    recorded = {}
+    with hooked(MODEL, ["blocks.0.attn.pattern"], lambda name, p: recorded.setdefault(name, p)):
+        if "may_attend" in pass_args:
+            x = MODEL.embedding(IDS)
+            MODEL.trf_blocks[0](x, None, pass_args["may_attend"])
+        else:
+            MODEL(IDS, **pass_args)
+    return recorded
+
+
+def old_import(name):
+    """A name that moved to the door, imported from its old place: it warns, and it is the door's function."""
+    import course_lib.interpretability as lesson
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = getattr(lesson, name)
+    return found, [str(w.message) for w in caught if w.category is DeprecationWarning]
+
+
+def untouched_generator_after(call):
+    """True when call(generator) is refused and the generator has drawn nothing."""
+    generator = torch.Generator().manual_seed(5)
+    state = generator.get_state()
+    try:
+        call(generator)
+    except (TypeError, ValueError):
+        return torch.equal(generator.get_state(), state)
+    return False
 
 
 CASES = {
@@ -174,6 +210,39 @@ CASES = {
                                error(TypeError, "context_length")),
     "passages chain None": (lambda: repeated_passages(None, 2, 12, range(3, 4), torch.Generator()),
                             error(TypeError, "chain")),
+    # the pattern hook records a plain pass only (its door: door.plain_pass)
+    "pattern hook plain pass": (lambda: pattern_hook_run(),
+                                result(lambda r: r["blocks.0.attn.pattern"].shape == (2, 3, 6, 6))),
+    "pattern hook KV cache": (lambda: pattern_hook_run(kv_caches=MODEL.new_kv_caches()),
+                              error(ValueError, "KV cache or a padding mask")),
+    "pattern hook padding mask": (lambda: pattern_hook_run(may_attend=torch.ones(2, 1, 6, 6, dtype=torch.bool)),
+                                  error(ValueError, "KV cache or a padding mask")),
+    "patch returns list": (lambda: run_with_patches(MODEL, IDS, {"embed": lambda x: x.tolist()}),
+                           error(ValueError, "patches['embed'] returned")),
+    "patch returns None": (lambda: run_with_patches(MODEL, IDS, {"blocks.1.attn.z": lambda z: None}),
+                           error(ValueError, "patches['blocks.1.attn.z'] returned")),
+    "patch z by hand": (lambda: run_with_patches(MODEL, IDS, {"blocks.1.attn.z": torch.zeros_like}),
+                        result(lambda r: r.shape == LOGITS.shape and not torch.allclose(r, LOGITS))),
+    "hooked generator of names": (lambda: hooked_run((n for n in ["embed"]), identity),
+                                  result(lambda r: torch.equal(r, MODEL(IDS)))),
+    "sample generator int": (lambda: CHAIN.sample(2, 5, 0), error(TypeError, "generator")),
+    "passages generator None": (lambda: repeated_passages(CHAIN, 2, 12, range(3, 4), None),
+                                error(TypeError, "generator")),
+    "passages n -1": (lambda: repeated_passages(CHAIN, -1, 12, range(3, 4), torch.Generator()),
+                      error(ValueError, "n must be")),
+    "passages refused, generator untouched": (lambda: untouched_generator_after(
+        lambda g: repeated_passages(CHAIN, -1, 12, range(3, 4), g)), result(lambda r: r is True)),
+    # the doors themselves, and the names that moved to them
+    "door.pattern list": (lambda: door.pattern([[1.0]]), error(TypeError, "pattern")),
+    "door.pattern ok": (lambda: door.pattern(previous()), result(lambda r: r is None)),
+    "door.lens_targets wrong shape": (lambda: door.lens_targets(MODEL, CACHE["embed"], TARGETS[:, :3]),
+                                      error(ValueError, "one id per cached position")),
+    "check_pattern old import": (lambda: old_import("check_pattern"),
+                                 result(lambda r: r[0] is door.pattern and "course_lib.doors.interpretability.pattern"
+                                        in r[1][0])),
+    "check_lens_targets old import": (lambda: old_import("check_lens_targets"),
+                                      result(lambda r: r[0] is door.lens_targets and r[1])),
+    "unknown old name": (lambda: old_import("check_nothing"), error(AttributeError, "check_nothing")),
     # the bridge's doors (their results are proved in tests/test_interpretability.py)
     "hf_tokenizer_for str": (lambda: hf_tokenizer_for("abc"), error(TypeError, "tokenizer")),
     "hf_tokenizer_for ids": (lambda: hf_tokenizer_for(CharTokenizer("ab")).encode("ba"), result(lambda r: r == [1, 0])),
@@ -185,7 +254,8 @@ CASES = {
 
 def test_a_refused_call_leaves_no_hook_behind():
     for call in (lambda: run_with_cache(MODEL, IDS, "embed"), lambda: run_with_patches(MODEL, IDS, {"embed": 0.0}),
-                 lambda: run_with_patches(MODEL, IDS, {"embed": lambda x: x.double()})):
+                 lambda: run_with_patches(MODEL, IDS, {"embed": lambda x: x.double()}),
+                 lambda: hooked_run(["embed"], None), lambda: pattern_hook_run(kv_caches=MODEL.new_kv_caches())):
         with pytest.raises((TypeError, ValueError)):
             call()
         assert all(not m._forward_hooks and not m._forward_pre_hooks for m in MODEL.modules())
