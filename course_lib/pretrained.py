@@ -3,12 +3,11 @@
 # %% auto #0
 __all__ = ['GPT2_NAME_MAP', 'GPT2_MASK_BUFFERS', 'GPT2_CONFIG_DEFAULTS', 'GPT2_HUB_REPOS', 'SHAKESPEARE_GPT_DIR',
            'expand_name_map', 'config_from_hf', 'plain_hf_state', 'hf_shapes', 'copy_from_hf', 'fill_from_hf',
-           'folder_files', 'hub_reachable', 'gpt2_files', 'read_hf_files', 'load_gpt2', 'hf_config_from',
-           'hf_state_from', 'save_gpt2', 'load_shakespeare_gpt']
+           'folder_files', 'hub_reachable', 'download_gpt2', 'gpt2_files', 'read_hf_files', 'load_gpt2',
+           'hf_config_from', 'hf_state_from', 'save_gpt2', 'load_shakespeare_gpt']
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #bf6628be
 import json
-import os
 import re
 import socket
 from pathlib import Path
@@ -21,8 +20,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .config import GPTConfig, get_device
-from .guards import as_device, require_int, require_type
+from .config import GPTConfig
+from .doors import pretrained as door
 from .model import GPTModel
 from .tokenization import DATA_DIR, EOS_ID, CharTokenizer
 
@@ -61,7 +60,7 @@ GPT2_MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 # %% ../notebooks/10_pretrained_gpt2.ipynb #expand-name-map
 def expand_name_map(n_layers: int) -> list[tuple[str, str, int | None, bool]]:
     """GPT2_NAME_MAP with "{i}" filled in for blocks 0 .. n_layers - 1: one row per parameter of ours."""
-    require_int("n_layers", n_layers, minimum=1)
+    door.expand_name_map(n_layers)  # an int >= 1
     rows = []
     for ours, hf, part, transpose in GPT2_NAME_MAP:
         blocks = range(n_layers) if "{i}" in ours else [0]
@@ -80,47 +79,22 @@ GPT2_CONFIG_DEFAULTS = {  # what Hugging Face's GPT2Config assumes for a key tha
 def config_from_hf(hf_config: dict, source: str = "config") -> GPTConfig:
     """Our GPTConfig (tie_weights from tie_word_embeddings) from the dict in a GPT-2 config.json; refuses,
     naming the key, every setting our GPTModel cannot reproduce. `source` names the file."""
-    if not isinstance(hf_config, dict):
-        raise TypeError(f"{source}: hf_config must be a dict of GPT-2 settings (config.json's object), got "
-                        f"{type(hf_config).__name__}")
-    if hf_config.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"{source}: model_type is {hf_config['model_type']!r}, not 'gpt2': load_gpt2 reads "
-                         "GPT-2 checkpoints only")
+    door.config_from_hf(hf_config, source)  # a GPT-2 config whose every setting our GPTModel reproduces
     setting = {**GPT2_CONFIG_DEFAULTS, **hf_config}
     if "n_positions" not in hf_config and "n_ctx" in hf_config:  # very old configs name it n_ctx only
         setting["n_positions"] = hf_config["n_ctx"]
-    try:
-        cfg = GPTConfig(vocab_size=setting["vocab_size"], context_length=setting["n_positions"],
-                        emb_dim=setting["n_embd"], n_heads=setting["n_head"], n_layers=setting["n_layer"],
-                        drop_rate=setting["resid_pdrop"], qkv_bias=True,  # GPT-2's c_attn always has a bias
-                        tie_weights=setting["tie_word_embeddings"])
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{source}: {error} (GPT-2's n_embd is our emb_dim, n_head n_heads, n_layer n_layers, "
-                         "n_positions context_length, resid_pdrop drop_rate, tie_word_embeddings tie_weights)"
-                         ) from error
-    supported = {  # key -> the values our GPTModel reproduces (same JSON type and value)
-        "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # two names of GELU's tanh form
-        "layer_norm_epsilon": (1e-5,),
-        "n_inner": (None, 4 * cfg.emb_dim),  # the feed-forward width: None means 4 * n_embd
-        "scale_attn_weights": (True,),  # scores divided by sqrt(head_dim)
-        "scale_attn_by_inverse_layer_idx": (False,),
-        "add_cross_attention": (False,),
-    }
-    for key, allowed in supported.items():
-        if not any(type(setting[key]) is type(a) and setting[key] == a for a in allowed):
-            raise ValueError(f"{source}: {key} is {setting[key]!r}, but course_lib's GPTModel needs "
-                             f"{' or '.join(map(repr, allowed))}, as in GPT-2: our model cannot reproduce it")
-    return cfg
+    return GPTConfig(vocab_size=setting["vocab_size"], context_length=setting["n_positions"],
+                     emb_dim=setting["n_embd"], n_heads=setting["n_head"], n_layers=setting["n_layer"],
+                     drop_rate=setting["resid_pdrop"], qkv_bias=True,  # GPT-2's c_attn always has a bias
+                     tie_weights=setting["tie_word_embeddings"])
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #945d0eb9-1
 def plain_hf_state(hf_state: dict[str, Tensor], source: str = "state dict") -> dict[str, Tensor]:
     """The tensors under GPT-2's plain names: the "transformer." prefix dropped, the mask constants left out."""
-    require_type("hf_state", hf_state, dict, "pass a state dict, name -> tensor, e.g. safetensors' load_file(path)")
+    door.plain_hf_state(hf_state, source)  # a dict that names no tensor twice
     state = {}
     for key, tensor in hf_state.items():
         name = key.removeprefix("transformer.")  # GPT2LMHeadModel writes "transformer.h.0...", GPT2Model "h.0..."
-        if name in state:
-            raise ValueError(f"{source}: {name} is stored twice, with and without the 'transformer.' prefix")
         if not GPT2_MASK_BUFFERS.fullmatch(name):
             state[name] = tensor
     return state
@@ -156,37 +130,10 @@ def fill_from_hf(model: GPTModel, hf_state: dict[str, Tensor], source: str = "st
     Every key must be used, every parameter filled and every shape right; otherwise a ValueError names the
     key, before anything is copied. With a tied head (model.cfg.tie_weights), a stored lm_head.weight must equal
     wte.weight."""
-    require_type("model", model, GPTModel, "fill a course_lib GPTModel built from config_from_hf(...)")
+    door.fill_from_hf(model, hf_state, source)  # every key, shape and value checked before anything is copied
     params = dict(model.named_parameters())  # a tied head appears once, as embedding.tok_emb.weight
     tied, rows = model.cfg.tie_weights, expand_name_map(model.cfg.n_layers)
-    filled = {ours for ours, *_ in rows} | (set() if tied else {"out_head.weight"})
-    if set(params) != filled:  # e.g. a model built with qkv_bias=False
-        raise ValueError(f"model and GPT2_NAME_MAP differ in {sorted(set(params) ^ filled)[:3]}: GPT-2 fills "
-                         "exactly the parameters of a GPTModel with qkv_bias=True")
-    state = plain_hf_state(hf_state, source)
-    lm_head = state.pop("lm_head.weight") if tied and "lm_head.weight" in state else None
-    expected = hf_shapes(params, rows, tied)
-    problems = (("missing key", [k for k in expected if k not in state],
-                 "the file is incomplete, or config.json describes a bigger model than the file holds"),
-                ("unexpected key", [k for k in state if k not in expected],
-                 "it is not a GPT-2 weight, or config.json describes a smaller model than the file holds"))
-    for what, keys, why in problems:
-        if keys:
-            more = f" (and {len(keys) - 1} more: {', '.join(keys[1:4])}{', ...' if len(keys) > 4 else ''})"
-            raise ValueError(f"{source}: {what} {keys[0]}{more if len(keys) > 1 else ''}: {why}")
-    for key, shape in expected.items():
-        tensor = state[key]
-        if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and tuple(tensor.shape) == shape
-                and not tensor.is_meta):
-            got = (f"{tensor.dtype} {tuple(tensor.shape)}{' on meta, without data' * tensor.is_meta}"
-                   if isinstance(tensor, Tensor) else type(tensor).__name__)
-            raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {shape}")
-        if not bool(torch.isfinite(tensor).all()):  # one look per tensor, in the loader, never in forward
-            raise ValueError(f"{source}: {key} holds NaN or infinite values: the file is corrupt or its run diverged")
-    if lm_head is not None and not torch.equal(lm_head, state["wte.weight"]):  # False for another shape too
-        raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but the config ties them: set "
-                         "tie_word_embeddings to false in config.json to load a separate output head")
-    copy_from_hf(params, state, rows, tied)
+    copy_from_hf(params, plain_hf_state(hf_state, source), rows, tied)
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #8d15ff3d
 GPT2_HUB_REPOS = {  # the four sizes OpenAI released, where the Hugging Face Hub keeps them
@@ -229,35 +176,31 @@ def hub_reachable() -> bool:
         return False
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #8d15ff3d-3
+def download_gpt2(name: str) -> tuple[Path, list[Path]]:
+    """config.json and model.safetensors of a GPT-2 size ("gpt2" .. "gpt2-xl") from the Hugging Face Hub,
+    downloaded once, with a progress bar, into huggingface_hub's cache."""
+    door.download_gpt2(name)  # a GPT-2 name, HF_HUB_OFFLINE unset, and the Hub's host name resolves
+    repo = GPT2_HUB_REPOS[name]
+    try:
+        return Path(hf_hub_download(repo, "config.json")), [Path(hf_hub_download(repo, "model.safetensors"))]
+    except OSError as error:  # the Hub's errors (HTTP 404, a dropped connection, ...) are OSErrors
+        raise OSError(f"could not download {name!r} ({repo}) from the Hugging Face Hub: check the network, or fetch "
+                      "config.json and model.safetensors elsewhere and pass their directory. The Hub said: "
+                      f"{error}") from error
+
+# %% ../notebooks/10_pretrained_gpt2.ipynb #gpt2-files
 def gpt2_files(path_or_name: str | Path) -> tuple[Path, list[Path]]:
     """config.json and the safetensors weights of a local directory, or of a GPT-2 size from the Hugging Face
     Hub (cached after one download, with a progress bar); the name is checked before any download."""
-    if not isinstance(path_or_name, (str, os.PathLike)):
-        raise TypeError(f"path_or_name must be a directory or a GPT-2 name like 'gpt2', got {path_or_name!r}")
-    path = Path(path_or_name)
-    if path.is_dir():
-        return folder_files(path)
-    if isinstance(path_or_name, str) and path_or_name in GPT2_HUB_REPOS:
-        repo = GPT2_HUB_REPOS[path_or_name]
-        try:  # the cache first: no network needed after the first download
-            return (Path(hf_hub_download(repo, "config.json", local_files_only=True)),
-                    [Path(hf_hub_download(repo, "model.safetensors", local_files_only=True))])
-        except OSError:
-            pass
-        if hf_constants.HF_HUB_OFFLINE or not hub_reachable():
-            why = "HF_HUB_OFFLINE is set" if hf_constants.HF_HUB_OFFLINE else "there is no network"
-            raise OSError(f"{path_or_name!r} is not in the Hugging Face cache and {why}, so it cannot be "
-                          f"downloaded: online (and without HF_HUB_OFFLINE), load_gpt2({path_or_name!r}) downloads "
-                          "it once; offline, copy a folder with config.json and model.safetensors here and pass "
-                          "its path, load_gpt2('path/to/folder')")
-        try:
-            return (Path(hf_hub_download(repo, "config.json")), [Path(hf_hub_download(repo, "model.safetensors"))])
-        except OSError as error:  # the Hub's errors (HTTP 404, a dropped connection, ...) are OSErrors
-            raise OSError(f"could not download {path_or_name!r} ({repo}) from the Hugging Face Hub: check the "
-                          "network, or fetch config.json and model.safetensors elsewhere and pass their "
-                          f"directory. The Hub said: {error}") from error
-    raise ValueError(f"{str(path_or_name)!r} is neither a directory nor a GPT-2 name: pass a directory with "
-                     f"config.json and model.safetensors, or one of {', '.join(GPT2_HUB_REPOS)}")
+    door.gpt2_files(path_or_name)  # a directory or one of GPT2_HUB_REPOS' names
+    if Path(path_or_name).is_dir():
+        return folder_files(Path(path_or_name))
+    repo = GPT2_HUB_REPOS[path_or_name]
+    try:  # the cache first: no network needed after the first download
+        return (Path(hf_hub_download(repo, "config.json", local_files_only=True)),
+                [Path(hf_hub_download(repo, "model.safetensors", local_files_only=True))])
+    except OSError:  # not in the cache yet
+        return download_gpt2(path_or_name)
 
 # %% ../notebooks/10_pretrained_gpt2.ipynb #read-hf-files
 def read_hf_files(config_file: Path, weight_files: list[Path]) -> tuple[dict, dict[str, Tensor]]:
@@ -283,8 +226,8 @@ def read_hf_files(config_file: Path, weight_files: list[Path]) -> tuple[dict, di
 def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None) -> GPTModel:
     """A GPTModel (in eval mode, on `device`; default get_device()) holding GPT-2 weights from a Hugging Face
     directory (config.json + model.safetensors, or its shards) or from the Hub ("gpt2" .. "gpt2-xl")."""
+    device = door.load_gpt2(path_or_name, device)  # default get_device(); not 'meta', where the weights are lost
     config_file, weight_files = gpt2_files(path_or_name)
-    device = get_device() if device is None else as_device(device)
     hf_config, hf_state = read_hf_files(config_file, weight_files)
     cfg = config_from_hf(hf_config, source=str(config_file))  # cfg.tie_weights: the file's tie_word_embeddings
     with device:  # build the parameters where they will live, without a copy from the CPU
@@ -296,8 +239,7 @@ def load_gpt2(path_or_name: str | Path, device: str | torch.device | None = None
 # %% ../notebooks/10_pretrained_gpt2.ipynb #1f46fd0c
 def hf_config_from(cfg: GPTConfig, dtype: torch.dtype = torch.float32) -> dict:
     """The config.json of a Hugging Face GPT2LMHeadModel with our model's shape and tying."""
-    require_type("cfg", cfg, GPTConfig, "pass the model's config, model.cfg")
-    require_type("dtype", dtype, torch.dtype, "pass the weights' dtype, e.g. torch.float32")
+    door.hf_config_from(cfg, dtype)  # a GPTConfig and a torch.dtype
     eos_id = EOS_ID if cfg.vocab_size > EOS_ID else None  # <|endoftext|> exists only in GPT-2's vocabulary
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -317,7 +259,7 @@ def hf_state_from(model: GPTModel) -> dict[str, Tensor]:
     """Our model's weights under the names of a Hugging Face GPT2LMHeadModel, on the CPU.
 
     A model built without qkv biases gets zero c_attn biases: Linear(x) + 0 is the same function."""
-    require_type("model", model, GPTModel, "pass a course_lib GPTModel")
+    door.hf_state_from(model)  # a GPTModel
     params = dict(model.named_parameters())
     hf_state, qkv = {}, {}  # qkv: fused name -> [query, key, value] pieces in that order
     for ours, hf, part, transpose in expand_name_map(model.cfg.n_layers):
@@ -342,14 +284,9 @@ def save_gpt2(model: GPTModel, directory: str | Path) -> Path:
     """Write `model` as a Hugging Face GPT-2 directory that transformers.GPT2LMHeadModel.from_pretrained and
     load_gpt2 both read: config.json, generation_config.json, model.safetensors, and, for GPT-2's vocabulary,
     GPT-2's tokenizer files (so pipeline("text-generation", directory) works offline). Returns the directory."""
-    require_type("model", model, GPTModel, "pass a course_lib GPTModel, e.g. from load_gpt2")
-    if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"directory must be a folder path (str or Path), got {directory!r}")
+    door.save_gpt2(model, directory)  # a GPTModel with finite weights, a folder path: before anything is written
     directory = Path(directory)
     hf_state = hf_state_from(model)
-    bad = next((name for name, tensor in hf_state.items() if not bool(torch.isfinite(tensor).all())), None)
-    if bad is not None:  # before anything is written
-        raise ValueError(f"model's weight {bad} holds NaN or infinite values: save a model whose weights are finite")
     directory.mkdir(parents=True, exist_ok=True)  # a file of that name: Python's FileExistsError names it
     index = directory / "model.safetensors.index.json"
     if index.is_file():  # an earlier sharded save: its shards would shadow or contradict the new weights

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from course_lib.config import GPTConfig
 from course_lib.model import GPTModel
 from course_lib.pretrained import (
-    config_from_hf, copy_from_hf, expand_name_map, fill_from_hf, folder_files, gpt2_files, hf_config_from, hf_shapes,
-    hf_state_from, hub_reachable, load_gpt2, load_shakespeare_gpt, plain_hf_state, save_gpt2,
+    config_from_hf, copy_from_hf, download_gpt2, expand_name_map, fill_from_hf, folder_files, gpt2_files,
+    hf_config_from, hf_shapes, hf_state_from, hub_reachable, load_gpt2, load_shakespeare_gpt, plain_hf_state, save_gpt2,
 )
 
 from doors import door_tests, report
@@ -124,6 +124,8 @@ CASES = [
     ("folder bad index", lambda: folder_files(bad_index()), "error", ValueError, "safetensors index"),
     ("files none", lambda: gpt2_files(None), "error", TypeError, "path_or_name"),
     ("files unknown", lambda: gpt2_files("gpt-5"), "error", ValueError, "neither a directory"),
+    ("download unknown", lambda: download_gpt2("gpt-5"), "error", ValueError, "name must be one of gpt2"),
+    ("download path", lambda: download_gpt2(saved_dir()), "error", ValueError, "load_gpt2(folder)"),
     ("hub bool", lambda: hub_reachable() in (True, False), "result", lambda r: r),
     # load_gpt2
     ("load ok", round_trip, "result", lambda r: r),
@@ -135,7 +137,8 @@ CASES = [
     ("load truncated weights", lambda: load_gpt2(truncated_weights(), "cpu"), "error", ValueError,
      "not a readable safetensors"),
     ("load nan weights", lambda: load_gpt2(with_weights(nan_weight), "cpu"), "error", ValueError, "c_fc.weight"),
-    ("load meta", lambda: load_gpt2(saved_dir(), "meta"), "result", lambda r: r.embedding.tok_emb.weight.is_meta),
+    ("load meta", lambda: load_gpt2(saved_dir(), "meta"), "error", ValueError, "device 'meta'"),
+    ("load meta device", lambda: load_gpt2(saved_dir(), torch.device("meta")), "error", ValueError, "'cpu'"),
     # hf_config_from / hf_state_from / save_gpt2
     ("hfcfg ok", lambda: hf_config_from(CFG)["n_embd"], "result", lambda r: r == 16),
     ("hfcfg dict", lambda: hf_config_from({"emb_dim": 16}), "error", TypeError, "cfg"),

@@ -13,8 +13,9 @@ import torch
 from course_lib.config import GPTConfig
 from course_lib.model import GPTModel
 from course_lib.tokenization import CharTokenizer
+from course_lib.doors.training import checkpoint_error
 from course_lib.training import (
-    Checkpoint, TrainConfig, batch_loss, checkpoint_error, cross_entropy, evaluate, get_batch, load_checkpoint,
+    Checkpoint, TrainConfig, batch_loss, cross_entropy, evaluate, get_batch, load_checkpoint,
     lr_at, make_optimizer, new_history, read_checkpoint, restore_model, sample_text, save_checkpoint,
     split_by_position, tokenizer_from_state, tokenizer_state, train,
 )
@@ -205,8 +206,24 @@ CASES = [
     ("save history np64", lambda: history_round_trip({"loss": [np.float64(0.5)]}), "result",
      lambda r: r == {"loss": [0.5]} and type(r["loss"][0]) is float),  # a float subclass: the same value
     ("save history new", lambda: history_round_trip(new_history()), "result", lambda r: r == new_history()),
-    ("save optim sgd", lambda: save_refused(optimizer=torch.optim.SGD(model().parameters(), 0.1)), "error",
-     TypeError, "optimizer"),
+    ("save optim sgd", lambda: load_checkpoint(saved_with(lambda m: torch.optim.SGD(m.parameters(), 0.1))).optimizer,
+     "result", lambda r: type(r) is torch.optim.SGD),
+    # any torch.optim optimizer (and notebook 16's Muon) round-trips: the next step is the uninterrupted run's
+    ("resume adamw 1 group", lambda: resumes_exactly(lambda m: torch.optim.AdamW(m.parameters())), "result", bool),
+    ("resume sgd momentum", lambda: resumes_exactly(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)),
+     "result", bool),
+    ("resume adam", lambda: resumes_exactly(lambda m: torch.optim.Adam(m.parameters(), lr=1e-3)), "result", bool),
+    ("resume make_optimizer", lambda: resumes_exactly(lambda m: make_optimizer(m, TCFG)), "result", bool),
+    ("resume muon", lambda: resumes_exactly(muon), "result", bool),
+    ("save optim foreign", lambda: save_refused(optimizer=torch.optim.SGD(model().parameters(), 0.1)), "error",
+     ValueError, "not a parameter of the model"),
+    ("save optim misses one", lambda: save_refused(**partial_optimizer()), "error", ValueError,
+     "optimizer lacks the model's parameter out_head.weight"),
+    ("save optim twice", lambda: save_refused(**doubled_optimizer()), "error", ValueError, "twice"),
+    ("save optim not one", lambda: save_refused(optimizer="adamw"), "error", TypeError, "optimizer must be"),
+    ("save optim local class", lambda: save_refused(optimizer=local_optimizer()), "error", TypeError,
+     "would not import"),
+    ("save onto a folder", lambda: save_onto_folder(), "error", IsADirectoryError, "is a folder"),
     # read_checkpoint / load_checkpoint / restore_model / checkpoint_error
     ("load truncated", lambda: load_checkpoint(truncated()), "error", ValueError, "cannot be read"),
     ("load json", lambda: load_checkpoint(damaged(b'{"a": 1}')), "error", ValueError, "cannot be read"),
@@ -219,6 +236,21 @@ CASES = [
     ("load no generator", lambda: load_checkpoint(damaged_payload(drop="generator")), "error", ValueError,
      "generator"),
     ("load bad device", lambda: load_checkpoint(saved(), device="gpu"), "error", ValueError, "device"),
+    ("load device meta", lambda: load_checkpoint(saved(), device="meta"), "error", ValueError, "meta"),
+    ("load step -5", lambda: load_checkpoint(damaged_payload(step=-5)), "error", ValueError, "step -5"),
+    ("load step past", lambda: load_checkpoint(damaged_payload(step=9)), "error", ValueError, "step 9"),
+    ("load history str", lambda: load_checkpoint(damaged_payload(history="abc")), "error", ValueError,
+     "holds history str 'abc'"),
+    ("load generator str", lambda: load_checkpoint(damaged_payload(generator="x")), "error", ValueError,
+     "generator"),
+    ("load model list", lambda: load_checkpoint(damaged_payload(model=[1])), "error", ValueError, "model"),
+    ("load optim class os", lambda: load_checkpoint(damaged_payload(optimizer_class="os:system")), "error",
+     ValueError, "optimizer class"),
+    ("load optim groups short", lambda: load_checkpoint(damaged_payload(optimizer_groups=[["out_head.weight"]])),
+     "error", ValueError, "optimizer_groups"),
+    ("load optim groups unknown", lambda: load_checkpoint(renamed_group()), "error", ValueError, "optimizer_groups"),
+    ("load old v2 file", lambda: load_checkpoint(old_v2()).optimizer, "result",
+     lambda r: type(r) is torch.optim.AdamW and [g["weight_decay"] for g in r.param_groups] == [0.1, 0.0]),
     ("load expected cfg dict", lambda: load_checkpoint(saved(), expected_config={}), "error", TypeError,
      "expected_config"),
     ("load expected other", lambda: load_checkpoint(saved(), expected_config=GPTConfig()), "error", ValueError,
@@ -231,6 +263,97 @@ CASES = [
     ("ckpt error", lambda: str(checkpoint_error("p", "is odd")), "result", lambda r: r.startswith("checkpoint p")),
     ("ckpt dataclass", lambda: Checkpoint(None, None, None, TCFG, 0, gen(), None).step, "result", lambda r: r == 0),
 ]
+
+
+def saved_with(make_optimizer_of):
+    m = model()
+    return saved(model=m, optimizer=make_optimizer_of(m))
+
+
+def muon(m):
+    from course_lib.modern import make_muon  # notebook 16's optimizer: Muon for the blocks' matrices, AdamW else
+    return make_muon(m, TCFG)
+
+
+INPUTS = DATA[:12].view(2, 6)
+
+
+def one_step(m, optimizer):
+    optimizer.zero_grad()
+    batch_loss(m, INPUTS, (INPUTS + 1) % 8).backward()
+    optimizer.step()
+
+
+def same(a, b) -> bool:
+    "Equal values, tensors bit for bit, in nested dicts, lists and tuples."
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def resumes_exactly(make_optimizer_of) -> bool:
+    "Train 2 steps, save, load; the loaded optimizer equals the saved one and the next step gives the same weights."
+    m = model()
+    optimizer = make_optimizer_of(m)
+    one_step(m, optimizer)
+    one_step(m, optimizer)
+    ckpt = load_checkpoint(saved(model=m, optimizer=optimizer, step=2))
+    assert type(ckpt.optimizer) is type(optimizer), type(ckpt.optimizer)
+    assert same(ckpt.optimizer.state_dict(), optimizer.state_dict()), "groups' hyperparameters and state"
+    one_step(m, optimizer)
+    one_step(ckpt.model, ckpt.optimizer)
+    return all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), ckpt.model.state_dict().values()))
+
+
+def partial_optimizer():
+    m = model()
+    kept = [p for name, p in m.named_parameters() if name != "out_head.weight"]
+    return dict(model=m, optimizer=torch.optim.AdamW(kept))
+
+
+def doubled_optimizer():
+    m = model()
+    params = list(m.parameters())
+    optimizer = torch.optim.AdamW(params)
+    optimizer.param_groups[0]["params"].append(params[0])  # torch only warns of this at construction
+    return dict(model=m, optimizer=optimizer)
+
+
+def local_optimizer():
+    class MySGD(torch.optim.SGD):
+        pass
+    return MySGD(model().parameters(), lr=0.1)
+
+
+def save_onto_folder():
+    folder = tmp() / "runs"
+    folder.mkdir()
+    try:
+        saved(path=folder)
+    finally:
+        assert list(folder.parent.iterdir()) == [folder] and not list(folder.iterdir()), "a refused save wrote"
+
+
+def renamed_group():
+    payload = torch.load(saved(), weights_only=True)
+    payload["optimizer_groups"][0][0] = "no.such.weight"
+    path = tmp() / "c.pt"
+    torch.save(payload, path)
+    return path
+
+
+def old_v2():
+    "A checkpoint as save_checkpoint wrote it before optimizers were described (the format is the same v2)."
+    payload = torch.load(saved(), weights_only=True)
+    for key in ("optimizer_class", "optimizer_groups", "optimizer_defaults"):
+        del payload[key]
+    path = tmp() / "c.pt"
+    torch.save(payload, path)
+    return path
 
 
 def damaged_payload(drop=None, **changes):
