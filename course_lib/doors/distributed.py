@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..config import GPTConfig
-from ..guards import as_device, require_bool, require_int, require_type
+from ..guards import as_device, require_bool, require_int, require_lesson_type, require_type
 
 
 def flops_per_token(cfg, n_params) -> None:
@@ -68,7 +68,7 @@ def pick_device_and_backend(run, local_rank) -> None:
     computes in it (Ampere or later). The device is this rank's as the lesson picks it: run.device, else this
     rank's GPU if there is one, else the CPU."""
     from ..distributed import RunConfig  # this lesson's own class: imported when called, so no import cycle
-    _require_lesson_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
+    require_lesson_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
     require_int("local_rank", local_rank, minimum=0)
     cuda = torch.cuda.is_available()
     device = as_device(run.device or ("cuda" if cuda else "cpu"))
@@ -128,7 +128,7 @@ def load_run(path, model, run, world_size: int, device) -> dict:
 
 def pretrain(run, progress) -> None:
     from ..distributed import RunConfig  # this lesson's own class: no import cycle
-    _require_lesson_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
+    require_lesson_type("run", run, RunConfig, "build it with RunConfig(data_dir, out_dir, ...)")
     require_bool("progress", progress)
 
 
@@ -145,8 +145,3 @@ def evaluate_shards(steps) -> None:
     require_int("steps", steps, minimum=1)  # 0 batches have no mean loss
 
 
-def _require_lesson_type(name: str, value, cls: type, fix: str) -> None:
-    """require_type for a class of this door's own lesson. In the notebook that teaches it the class is the
-    notebook's own (defined in a cell, module __main__), a twin of course_lib's, and it passes too."""
-    if not (type(value).__name__ == cls.__name__ and type(value).__module__ == "__main__"):
-        require_type(name, value, cls, fix)

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import GPTConfig
-from ..guards import require_int, require_number, require_token_tensor, require_type
+from ..guards import require_int, require_lesson_type, require_number, require_token_tensor, require_type
 from ..model import GPTModel
 from ..tokenization import CharTokenizer
 
@@ -170,7 +170,7 @@ def repeated_passages(chain, n, context_length, periods, generator) -> None:
     """A SecondOrderChain, a number of rows, and passage lengths that each fit twice into the row; all checked
     before the generator draws anything."""
     from ..interpretability import SecondOrderChain  # this lesson's own class: no import cycle
-    _require_lesson_type("chain", chain, SecondOrderChain, "build one with SecondOrderChain(vocab_size)")
+    require_lesson_type("chain", chain, SecondOrderChain, "build one with SecondOrderChain(vocab_size)")
     require_int("n", n, minimum=0)
     require_int("context_length", context_length, minimum=2)
     require_type("generator", generator, torch.Generator, "pass torch.Generator().manual_seed(seed)")
@@ -180,8 +180,3 @@ def repeated_passages(chain, n, context_length, periods, generator) -> None:
         raise ValueError(f"periods: {periods} must be lengths >= 1 that fit twice into context_length={context_length}")
 
 
-def _require_lesson_type(name: str, value, cls: type, fix: str) -> None:
-    """require_type for a class of this door's own lesson. In the notebook that teaches it the class is the
-    notebook's own (defined in a cell, module __main__), a twin of course_lib's, and it passes too."""
-    if not (type(value).__name__ == cls.__name__ and type(value).__module__ == "__main__"):
-        require_type(name, value, cls, fix)

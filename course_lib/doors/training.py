@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from ..config import GPTConfig
-from ..guards import (as_device, require_bool, require_int, require_number, require_token_tensor,
-                      require_type)
+from ..guards import (as_device, require_bool, require_int, require_lesson_type, require_number,
+                      require_token_tensor, require_type)
 from ..model import GPTModel
 
 OPTIMIZER_HOMES = ("torch.optim.", "course_lib.")  # the modules a checkpoint may name an optimizer class from
@@ -72,14 +72,6 @@ def train_config(tcfg) -> None:
     require_number("min_lr", tcfg.min_lr, 0, tcfg.max_lr, why="the rate falls from max_lr to min_lr")
     require_number("weight_decay", tcfg.weight_decay, 0, math.inf, high_open=True)
     require_number("grad_clip", tcfg.grad_clip, 0, math.inf, low_open=True, why="the largest gradient norm")
-
-
-def _train_config_type(name: str, tcfg, fix: str) -> None:
-    """require_type for this lesson's TrainConfig. In notebook 09, which teaches it, the class is the notebook's own
-    (defined in a cell, module __main__), a twin of course_lib's, and it passes too."""
-    from ..training import TrainConfig  # this lesson's own class: imported when called, so no import cycle
-    if not (type(tcfg).__name__ == "TrainConfig" and type(tcfg).__module__ == "__main__"):
-        require_type(name, tcfg, TrainConfig, fix)
 
 
 def lr_at(step: int, tcfg) -> None:
@@ -357,3 +349,9 @@ def restore_model(path, payload: dict, cfg: GPTConfig, tcfg, device: torch.devic
         torch.empty(0, device=device)  # a device this machine does not have fails here, before anything is built
     except (RuntimeError, AssertionError) as error:
         raise ValueError(f"cannot move the model to device {device} ({error}); load it with device='cpu'") from error
+
+
+def _train_config_type(name: str, tcfg, fix: str) -> None:
+    """A TrainConfig (or notebook 09's own twin of it)."""
+    from ..training import TrainConfig  # this lesson's own class: imported when called, so no import cycle
+    require_lesson_type(name, tcfg, TrainConfig, fix)
