@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from course_lib.config import GPTConfig
 from course_lib.finetuning import (CHAT_TOKENS, IGNORE_INDEX, SHAKESPEARE_CHAT_DIR, ChatTokenizer, apply_lora,
-                                   chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, check_reply,
-                                   format_chat, grow_vocabulary, load_shakespeare_chat, make_instructions,
+                                   chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, format_chat,
+                                   grow_vocabulary, judge_reply, load_shakespeare_chat, make_instructions,
                                    train_new_rows)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt, save_gpt2
@@ -200,14 +200,14 @@ def test_held_out_instructions_come_from_unseen_text_and_are_checkable():
     for e in heldout:
         line = e["instruction"].split("\n")[-1] if e["task"] != "continue" else e["response"].split("\n")[1]
         assert line not in text[:split] and line in text[split:]
-        assert check_reply(e, e["response"])
-        assert e["task"] == "continue" or not check_reply(e, e["response"] + "!"), "exact match, not a prefix"
+        assert judge_reply(e, e["response"])
+        assert e["task"] == "continue" or not judge_reply(e, e["response"] + "!"), "exact match, not a prefix"
     assert make_instructions(text[split:], 20, 7, exclude=text[:split]) == heldout, "seeded"
     upper = next(e for e in heldout if e["task"] == "upper")
     assert upper["response"] == upper["instruction"].removeprefix("Upper case:\n").upper()
     speak = next(e for e in heldout if e["task"] == "continue")
     who = speak["response"].split(":")[0]
-    assert check_reply(speak, f"{who}:\nAnything at all.") and not check_reply(speak, "Anything at all.")
+    assert judge_reply(speak, f"{who}:\nAnything at all.") and not judge_reply(speak, "Anything at all.")
 
 
 # ------------------------------------------------------------------ the shipped adapter
@@ -291,6 +291,6 @@ def test_doors_name_the_argument(grown):
     with pytest.raises(ValueError, match="text has 0 usable lines for task 'speaker'"):
         make_instructions("ROMEO:\nHi.\n", 1, 0)
     with pytest.raises(ValueError, match="example must have a 'task'"):
-        check_reply({"task": "poetry", "response": "x"}, "x")
+        judge_reply({"task": "poetry", "response": "x"}, "x")
     with pytest.raises(TypeError, match="read and write must be callables"):
         chat_loop(model, tokenizer, read="Hi")

@@ -273,7 +273,7 @@ CASES = {
     "LoRALinear of a Conv1d": (lambda: LoRALinear(nn.Conv1d(4, 4, 1), 2, 4), ("error", TypeError, "linear must be a Linear")),
     "LoRALinear r=0": (lambda: LoRALinear(nn.Linear(4, 4), 0, 4), ("error", ValueError, "r must be >= 1, got 0")),
     "LoRALinear r=2.0": (lambda: LoRALinear(nn.Linear(4, 4), 2.0, 4), ("error", TypeError, "r must be an int")),
-    "LoRALinear alpha=0": (lambda: LoRALinear(nn.Linear(4, 4), 2, 0), ("error", ValueError, "alpha must be in (0, inf]")),
+    "LoRALinear alpha=0": (lambda: LoRALinear(nn.Linear(4, 4), 2, 0), ("error", ValueError, "alpha must be in (0, inf)")),
     "LoRALinear alpha nan": (lambda: LoRALinear(nn.Linear(4, 4), 2, math.nan), ("error", ValueError, "alpha must be in")),
     "apply_lora r=0": (lambda: apply_lora(small_model(), ["ff.fc"], 0, 4), ("error", ValueError, "r must be >= 1")),
     "apply_lora r=-3": (lambda: apply_lora(small_model(), ["ff.fc"], -3, 4), ("error", ValueError, "r must be >= 1")),

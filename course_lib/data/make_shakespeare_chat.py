@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from course_lib.finetuning import (CHAT_TOKENS, INSTRUCTION_TASKS, ChatTokenizer, apply_lora, chat_batch, chat_loss,
-                                   chat_reply, chat_state_dict, check_reply, grow_vocabulary, make_instructions,
+                                   chat_reply, chat_state_dict, grow_vocabulary, judge_reply, make_instructions,
                                    train_new_rows)
 from course_lib.data.make_shakespeare_gpt import cpu_name, sha256  # the shipped model's card helpers
 from course_lib.generation import generate
@@ -81,7 +81,7 @@ def plain_reply(model, char_tokenizer, example, max_new_tokens=48):
 
 def accuracy(examples, replies):
     """Share of right replies, per task and in all."""
-    right = [check_reply(e, r) for e, r in zip(examples, replies, strict=True)]
+    right = [judge_reply(e, r) for e, r in zip(examples, replies, strict=True)]
     table = {task: sum(ok for e, ok in zip(examples, right) if e["task"] == task) /
              sum(e["task"] == task for e in examples) for task in INSTRUCTION_TASKS}
     return {**table, "all": sum(right) / len(right)}
