@@ -267,6 +267,12 @@ def bad_calls(model):
         "beam_search takes one prompt": lambda: beam_search(model, one.repeat(2, 1), 2, 5),
         "early_stopping must be True, False or 'never'": lambda: beam_search(model, one, 2, 5, early_stopping=1),
         "length_penalty must be a number": lambda: beam_search(model, one, 2, 5, length_penalty="long"),
+        # issue 41: an infinite penalty divided every score to -0.0 and chose arbitrarily; a huge one the same
+        r"length_penalty must be in \(-inf, inf\), got inf": lambda: beam_search(model, one, 2, 5,
+                                                                               length_penalty=float("inf")),
+        "length_penalty 50 is too large for max_new_tokens 5": lambda: beam_search(model, one, 2, 5, length_penalty=50),
+        # issue 41: a misspelled setting is refused by generate_tokens, not inside torch.no_grad's wrapper
+        "generate_tokens got an unknown setting 'temprature'": lambda: generate_tokens(model, one, 3, temprature=0.7),
         r"repetition_penalty must be in \(0, inf\)": lambda: generate_tokens(model, one, 3, repetition_penalty=0.0),
         "no_repeat_ngram_size must be >= 0": lambda: generate_tokens(model, one, 3, no_repeat_ngram_size=-2),
         r"min_p must be in \[0, 1\]": lambda: generate_tokens(model, one, 3, temperature=1.0, min_p=1.2),
@@ -286,7 +292,7 @@ def test_bad_input_is_named(shipped, match):
 
 # Float ids and integer logits are refused at the processors' door (issue 30: they failed deep in gather, scatter or
 # masked_fill); a history of another batch than the logits would be read row by row as far as it goes, silently,
-# so check_history refuses it by name. tests/test_doors_decoding.py holds the full table.
+# so the history's door refuses it by name. tests/test_doors_decoding.py holds the full table.
 FLOAT_IDS = "token_ids must hold integer token ids, got dtype torch.float32: convert with .long()"
 
 
@@ -445,7 +451,7 @@ def test_speculative_errors_are_named(shipped, draft):
 
 def test_a_draft_that_does_not_fit_the_target_fails_loudly(shipped, draft):
     # issue 29 let these stop deep in PyTorch or Python; issue 30 checks the draft at the door again
-    # (check_speculative_args), the generator is named by PyTorch's own message
+    # (door.speculative_args), the generator is named by PyTorch's own message
     from course_lib.decoding import speculative_generate
 
     model, tokenizer = shipped
@@ -472,13 +478,13 @@ def test_a_draft_that_does_not_fit_the_target_fails_loudly(shipped, draft):
 def test_the_padding_checks_read_mask_values_only_on_the_cpu():
     """On another device (meta stands for a GPU) the forward's mask checks read no values: no host synchronisation
     per token; stream_tokens reads the mask once, on the CPU, at its door."""
-    from course_lib.decoding import check_left_padding
+    from course_lib.doors.decoding import left_padding
     from course_lib.guards import require_attention_mask
 
     right_padded = torch.tensor([[1, 1, 0]])
     with pytest.raises(ValueError, match="attention_mask must pad on the left"):
-        check_left_padding(right_padded)
-    check_left_padding(right_padded.to("meta"))  # not read: would need the device
+        left_padding(right_padded)
+    left_padding(right_padded.to("meta"))  # not read: would need the device
     require_attention_mask(torch.tensor([[2, 1, 1]]).to("meta"), (1, 3), torch.device("meta"))
     with pytest.raises(ValueError, match="attention_mask must hold only 1"):
         require_attention_mask(torch.tensor([[2, 1, 1]]), (1, 3), torch.device("cpu"))

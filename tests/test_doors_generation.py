@@ -1,7 +1,7 @@
 """Issue 30: the doors of course_lib.generation (generate, generate_text_simple, sample_next_token, scale_logits,
-top_k_filter, top_p_filter, StaticKVCache, next_token_logits, check_generation_args, check_sampling_args,
-check_kv_caches, eval_mode), called as a user who has not read the code would call them. Each case is a call and
-its expected outcome: ("error", type, a fragment of the message that names the argument) or ("result", check);
+top_k_filter, top_p_filter, StaticKVCache, next_token_logits, eval_mode, and the doors in course_lib/doors/generation.py
+that other lessons call: generation_args, sampling, cache_list), called as a user who has not read the code would
+call them. Each case is a call and its expected outcome: ("error", type, a fragment of the message that names the argument) or ("result", check);
 ("error", type, fragment, "pytorch") is PyTorch's own error, which names no argument of ours.
 `python tests/test_doors_generation.py` counts the outcomes as clear / correct / unclear / silent."""
 
@@ -12,9 +12,9 @@ from torch import nn
 
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-from course_lib.generation import (StaticKVCache, check_generation_args, check_kv_caches, check_sampling_args,
-                                   eval_mode, generate, generate_text_simple, next_token_logits, sample_next_token,
-                                   scale_logits, top_k_filter, top_p_filter)
+from course_lib.doors import generation as door
+from course_lib.generation import (StaticKVCache, eval_mode, generate, generate_text_simple, next_token_logits,
+                                   sample_next_token, scale_logits, top_k_filter, top_p_filter)
 from course_lib.model import GPTModel
 
 from doors import door_tests, report
@@ -60,8 +60,31 @@ def ntl_refills():
     return torch.allclose(first, MODEL(ids[:, :8])[:, -1]) and torch.allclose(again, MODEL(ids[:, 1:])[:, -1], atol=1e-6)
 
 
+def refused_static_writes_nothing():
+    caches = [StaticKVCache(3), StaticKVCache(2)]  # the second has no room for 3 positions
+    try:
+        MODEL(IDS, kv_caches=caches)
+    except ValueError:
+        return [len(cache) for cache in caches] == [0, 0] and caches[0].key_store is None
+    return False
+
+
+def cropped_then_another_batch():
+    caches = MODEL.new_kv_caches()
+    MODEL(IDS.repeat(2, 1), kv_caches=caches)
+    for cache in caches:
+        cache.crop(0)
+    return MODEL(IDS, kv_caches=caches)  # 2 rows cached (none of them positions), 1 row fed
+
+
+def half_scaled(logits, temperature):
+    out = scale_logits(logits, temperature)
+    finite = bool(torch.isfinite(out).all())
+    return out.dtype == torch.float32 and finite and torch.equal(out, logits.float() / temperature)
+
+
 CASES = [
-    # generate_text_simple and check_generation_args
+    # generate_text_simple and its door, generation_args
     ("simple ok", lambda: generate_text_simple(MODEL, IDS, 2, None), ("result", equals(GREEDY))),
     ("simple cropped", lambda: generate_text_simple(MODEL, IDS, 7, 8), ("result", shape(1, 10))),
     ("simple int32", lambda: generate_text_simple(MODEL, IDS.int(), 2, None), ("result", equals(GREEDY.int()))),
@@ -80,9 +103,9 @@ CASES = [
     ("simple context 9", lambda: generate_text_simple(MODEL, IDS, 2, 9), ("error", ValueError, "context_length must be in [1, 8]")),
     ("simple context 2.0", lambda: generate_text_simple(MODEL, IDS, 2, 2.0), ("error", TypeError, "context_length must be an int")),
     ("simple not a GPT", lambda: generate_text_simple(nn.Linear(2, 2), IDS, 2, None), ("error", TypeError, "model.cfg must be a GPTConfig")),
-    ("check_generation_args ok", lambda: check_generation_args(MODEL, IDS, 2, None), ("result", equals(8))),
-    ("check eos -1", lambda: check_generation_args(MODEL, IDS, 2, None, -1), ("error", ValueError, "eos_id must be >= 0")),
-    ("check eos 50", lambda: check_generation_args(MODEL, IDS, 2, None, 50), ("error", ValueError, "eos_id must be in [0, 49]")),
+    ("generation_args ok", lambda: door.generation_args(MODEL, IDS, 2, None), ("result", equals(8))),
+    ("check eos -1", lambda: door.generation_args(MODEL, IDS, 2, None, -1), ("error", ValueError, "eos_id must be >= 0")),
+    ("check eos 50", lambda: door.generation_args(MODEL, IDS, 2, None, 50), ("error", ValueError, "eos_id must be in [0, 49]")),
     # generate
     ("generate sampled", lambda: generate(MODEL, IDS, 3, temperature=1.0, top_k=5, top_p=0.9,
                                           generator=torch.Generator().manual_seed(1)), ("result", shape(1, 6))),
@@ -120,6 +143,18 @@ CASES = [
     # scale_logits, top_k_filter, top_p_filter
     ("scale ok", lambda: scale_logits(L, 2.0), ("result", equals(L / 2))),
     ("scale 0", lambda: scale_logits(L, 0), ("error", ValueError, "temperature must be in (0, inf)")),
+    # issue 41: a temperature the division overflows at is refused by the logits' dtype; half precision is divided in
+    # float32, so 1e-5 (which overflowed float16: 3 / 1e-5 > 65,504) now gives finite float32 logits
+    ("scale 1e-45 float32", lambda: scale_logits(L, 1e-45), ("error", ValueError, "temperature must be at least 1.19e-07 for torch.float32 logits, got 1e-45")),
+    ("scale 1e-5 float16", lambda: half_scaled(L.half(), 1e-5), ("result", bool)),
+    ("scale 1e-5 bfloat16", lambda: half_scaled(L.bfloat16(), 1e-5), ("result", bool)),
+    ("scale 1e-8 float16", lambda: scale_logits(L.half(), 1e-8), ("error", ValueError, "temperature must be at least 1.19e-07 for torch.float16 logits")),
+    ("scale 1e-10 float64", lambda: scale_logits(L.double(), 1e-10), ("result", lambda r: r.dtype == torch.float64 and bool(torch.isfinite(r).all()))),
+    ("scale huge logit", lambda: scale_logits(torch.tensor([[1e35, 0.0]]), 1e-4), ("error", ValueError, "logits / temperature 0.0001 overflows")),
+    ("scale -inf kept", lambda: scale_logits(torch.tensor([[-math.inf, 1.0]]), 1e-6), ("result", lambda r: r[0, 0] == -math.inf and r[0, 1] == 1e6)),
+    ("sample 1e-45", lambda: sample_next_token(L, 1e-45), ("error", ValueError, "temperature must be at least")),
+    ("sample float16 1e-5", lambda: sample_next_token(L.half(), 1e-5, generator=torch.Generator().manual_seed(0)), ("result", equals(torch.tensor([[1]])))),
+    ("generate temperature 1e-45", lambda: generate(MODEL, IDS, 2, temperature=1e-45), ("error", ValueError, "temperature must be at least")),
     ("scale list", lambda: scale_logits([1.0, 2.0], 2.0), ("error", TypeError, "logits must be a floating-point tensor")),
     ("scale ids", lambda: scale_logits(torch.tensor([1, 2]), 2.0), ("error", TypeError, "logits must be a floating-point tensor")),
     ("top_k ok", lambda: top_k_filter(L, 2), ("result", equals(torch.tensor([[-math.inf, 3.0, 2.0]])))),
@@ -141,6 +176,8 @@ CASES = [
     ("static capacity 2.5", lambda: StaticKVCache(2.5), ("error", TypeError, "capacity must be an int")),
     ("static capacity None", lambda: StaticKVCache(None), ("error", TypeError, "capacity must be an int")),
     ("static capacity str", lambda: StaticKVCache("8"), ("error", TypeError, "capacity must be an int")),
+    ("static capacities differ", refused_static_writes_nothing, ("result", bool)),
+    ("forward cropped caches, other batch", cropped_then_another_batch, ("error", ValueError, "kv_caches hold 2 rows (sequences) but token_ids has 1 rows")),
     ("static too small", lambda: MODEL(IDS, kv_caches=[StaticKVCache(2), StaticKVCache(2)]), ("error", ValueError, "> capacity 2")),
     # next_token_logits
     ("next ok", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), 8), ("result", lambda r: torch.allclose(r, MODEL(IDS)[:, -1]))),
@@ -152,14 +189,14 @@ CASES = [
     ("next context 2.0", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), 2.0), ("error", TypeError, "context_length must be an int")),
     ("next list ids", lambda: next_token_logits(MODEL, [[1]], MODEL.new_kv_caches(), 8), ("error", TypeError, "token_ids must be a torch.Tensor")),
     ("next 1-D ids", lambda: next_token_logits(MODEL, IDS[0], MODEL.new_kv_caches(), 8), ("error", ValueError, "token_ids must be 2-D")),
-    # check_sampling_args, check_kv_caches, eval_mode
-    ("sampling args ok", lambda: check_sampling_args(0.7, 40, 0.95), ("result", lambda r: r is None)),
-    ("sampling top_k True", lambda: check_sampling_args(top_k=True), ("error", TypeError, "top_k must be an int")),
-    ("kv caches None", lambda: check_kv_caches(None, 2), ("result", lambda r: r is None)),
-    ("kv caches str", lambda: check_kv_caches("ab", 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
-    ("kv caches of str", lambda: check_kv_caches(["a", "b"], 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
-    ("kv caches int", lambda: check_kv_caches(3, 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
-    ("kv caches ok", lambda: check_kv_caches([KVCache(), StaticKVCache(4)], 2), ("result", lambda r: r is None)),
+    # the doors sampling and cache_list, eval_mode
+    ("sampling args ok", lambda: door.sampling(0.7, 40, 0.95), ("result", lambda r: r is None)),
+    ("sampling top_k True", lambda: door.sampling(top_k=True), ("error", TypeError, "top_k must be an int")),
+    ("kv caches None", lambda: door.cache_list(None, 2), ("result", lambda r: r is None)),
+    ("kv caches str", lambda: door.cache_list("ab", 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
+    ("kv caches of str", lambda: door.cache_list(["a", "b"], 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
+    ("kv caches int", lambda: door.cache_list(3, 2), ("error", ValueError, "kv_caches must be model.new_kv_caches()")),
+    ("kv caches ok", lambda: door.cache_list([KVCache(), StaticKVCache(4)], 2), ("result", lambda r: r is None)),
     ("eval_mode restores", mode_restored, ("result", bool)),
     ("eval_mode None", lambda: eval_mode(None).__enter__(), ("error", TypeError, "model must be a Module")),
     ("eval_mode str", lambda: eval_mode("gpt2").__enter__(), ("error", TypeError, "model must be a Module")),

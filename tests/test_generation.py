@@ -7,8 +7,9 @@ from torch import nn
 
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-from course_lib.generation import (GraphedGreedyDecoder, StaticKVCache, check_generation_args, check_sampling_args, eval_mode, generate,
-                                   generate_text_simple, sample_next_token, scale_logits, top_k_filter, top_p_filter)
+from course_lib.doors import generation as door
+from course_lib.generation import (GraphedGreedyDecoder, StaticKVCache, eval_mode, generate, generate_text_simple,
+                                   sample_next_token, scale_logits, top_k_filter, top_p_filter)
 from course_lib.tokenization import EOS_ID
 from course_lib.model import GPTModel
 
@@ -446,9 +447,9 @@ def test_generate_text_simple_rejects_bad_inputs(model, token_ids, new, context_
         generate_text_simple(model, token_ids, new, context_length)
 
 
-def test_check_generation_args_returns_the_context_length_it_uses(model):
-    assert check_generation_args(model, GOOD, 5, None) == 16
-    assert check_generation_args(model, GOOD, 100, 7) == 7
+def test_the_generation_door_returns_the_context_length_it_uses(model):
+    assert door.generation_args(model, GOOD, 5, None) == 16
+    assert door.generation_args(model, GOOD, 100, 7) == 7
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device type for the generator")
@@ -475,8 +476,8 @@ def test_token_ids_on_another_device_than_the_model_is_rejected(model):
     (lambda: top_k_filter(EXAMPLE, True), TypeError, "top_k must be an int, got True (bool)"),
     (lambda: top_p_filter(EXAMPLE, 0), ValueError, "top_p must be in (0, 1], got 0"),
     (lambda: top_p_filter(EXAMPLE, 1.01), ValueError, "top_p must be in (0, 1], got 1.01"),
-    (lambda: check_sampling_args(top_p=float("nan")), ValueError, "top_p must be in (0, 1], got nan"),
-    # check_logits (issue 30): token ids or a list are refused by name; sample_next_token wants (batch, vocab_size),
+    (lambda: door.sampling(top_p=float("nan")), ValueError, "top_p must be in (0, 1], got nan"),
+    # the logits' door (issue 30): token ids or a list are refused by name; sample_next_token wants (batch, vocab_size),
     # since the model's output (batch, tokens, vocab_size) would give one greedy token per position, silently
     (lambda: top_k_filter(torch.tensor([1, 2]), 1), TypeError, "logits must be a floating-point tensor of scores "
                                                                "(..., vocab_size), got dtype torch.int64"),
@@ -518,10 +519,51 @@ def test_a_row_without_any_token_left_fails_loudly_when_sampled():
 
 
 def test_float16_logits_at_a_tiny_temperature_sample_the_argmax():
-    logits = (torch.randn(4, 1000) * 100).half()  # logits / 0.001 overflow float16 (largest 65,504)
-    assert torch.isinf(scale_logits(logits, 0.001)).any(), "the overflow the sampler must avoid"
+    logits = (torch.randn(4, 1000) * 100).half()  # logits / 0.001 would overflow float16 (largest 65,504)
+    scaled = scale_logits(logits, 0.001)  # issue 41: divided in float32, where it cannot
+    assert scaled.dtype == torch.float32 and torch.isfinite(scaled).all()
+    assert torch.equal(scaled, logits.float() / 0.001)
     drawn = sample_next_token(logits, 0.001, generator=torch.Generator().manual_seed(0))
     assert torch.equal(drawn, logits.float().argmax(dim=-1, keepdim=True))
+
+
+# issue 41: the accepted temperatures depend on the logits' dtype. The division runs in float32 at least, and a
+# temperature below that dtype's epsilon is refused: above it, logits / temperature is finite for every logit up to
+# finfo.max * eps (any float16 logit; 4e31 in float32), and on the CPU a larger logit that would still overflow is read
+# and refused. No temperature the door accepts gives inf or NaN.
+@pytest.mark.parametrize("dtype, smallest", [(torch.float16, 1.1920928955078125e-07),
+                                             (torch.bfloat16, 1.1920928955078125e-07),
+                                             (torch.float32, 1.1920928955078125e-07),
+                                             (torch.float64, 2.220446049250313e-16)])
+def test_the_smallest_temperature_follows_the_dtype_and_never_overflows(dtype, smallest):
+    assert smallest == torch.finfo(torch.promote_types(dtype, torch.float32)).eps
+    info = torch.finfo(dtype)
+    largest = min(info.max, torch.finfo(torch.promote_types(dtype, torch.float32)).max * smallest / 2)  # any float16
+    logits = torch.tensor([[largest, -largest, 0.0, 1.0]], dtype=torch.float64).to(dtype)
+    assert torch.isfinite(scale_logits(logits, smallest)).all()
+    with pytest.raises(ValueError, match=re.escape(f"temperature must be at least {smallest:.3g} for {dtype} logits")):
+        scale_logits(logits, smallest / 2)
+    with pytest.raises(ValueError, match="temperature must be at least"):
+        sample_next_token(logits, smallest / 2)
+
+
+@pytest.mark.parametrize("dtype, temperature", [(torch.float32, 1e-45), (torch.float16, 1e-5)])
+def test_the_examples_of_issue_41_never_give_inf(dtype, temperature):
+    logits = torch.tensor([[1.0, 3.0, 2.0]], dtype=dtype)
+    try:
+        scaled = scale_logits(logits, temperature)
+    except ValueError as error:
+        assert "temperature must be at least" in str(error)
+    else:
+        assert torch.isfinite(scaled).all()
+
+
+def test_a_logit_the_division_would_still_overflow_is_refused_on_the_cpu():
+    logits = torch.tensor([[3e38, 1.0]])
+    assert torch.isfinite(scale_logits(logits, 1.0)).all()  # temperature 1 never overflows
+    with pytest.raises(ValueError, match=re.escape("logits / temperature 0.5 overflows: the largest logit is 3e+38")):
+        scale_logits(logits, 0.5)
+    scale_logits(logits.to("meta"), 0.5)  # not read on another device: no value to look at without waiting
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
