@@ -6,18 +6,17 @@ repeated here. The shipped chat model of notebook 14 is the policy wherever a re
 samples; where a step is checked against the recipe done by hand, the same seeds give the same samples."""
 
 import math
-import types
 
 import pytest
 import torch
 
 import course_lib.alignment as alignment
 import course_lib.generation as generation
-from course_lib.alignment import (GRPO_LOSS_TYPES, check_response_batch, dpo_loss, frozen_copy, group_advantages,
-                                  grpo_loss, grpo_step, k3_kl, kl_to_reference, pair_logprobs, preference_pairs,
-                                  response_batch, sample_group, score_policy, sequence_logprobs, stack_rows,
-                                  token_logprobs, train_dpo, policy_copy)
-from course_lib.finetuning import chat_reply, check_reply, format_chat, load_shakespeare_chat, make_instructions
+from course_lib.alignment import (GRPO_LOSS_TYPES, dpo_loss, frozen_copy, group_advantages, grpo_loss, grpo_step,
+                                  k3_kl, kl_to_reference, pair_logprobs, policy_copy, preference_pairs, response_batch,
+                                  sample_group, score_policy, sequence_logprobs, stack_rows, token_logprobs, train_dpo)
+from course_lib.doors.alignment import response_tensors
+from course_lib.finetuning import chat_reply, format_chat, judge_reply, load_shakespeare_chat, make_instructions
 from course_lib.training import load_shakespeare
 
 SPEAK = "Speak as CORIOLANUS."  # the continue task: replies of many lengths, most of them closed by <|end|>
@@ -198,30 +197,30 @@ def test_sequence_logprobs_of_sampled_replies_equal_the_samplers_own_logprobs(ch
     assert torch.allclose(stacked, torch.cat([s for _, _, s in rows]), atol=1e-5), "stack_rows' padding is scored"
 
 
-def test_check_response_batch_doors_name_the_argument(chat):
+def test_the_response_batch_door_names_the_argument(chat):
     model, tokenizer = chat
     ids, mask = response_batch(tokenizer, PAIRS[:2], 128)
-    check_response_batch(ids, mask)  # the door lets a good batch through
+    response_tensors(ids, mask)  # the door lets a good batch through
     with pytest.raises(ValueError, match="response_mask must be a 0/1 or bool tensor .* got torch.float32"):
-        check_response_batch(ids, mask.float())
+        response_tensors(ids, mask.float())
     with pytest.raises(ValueError, match=r"response_mask\[:, 0\] is 1"):
-        check_response_batch(ids, torch.cat([torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1))
+        response_tensors(ids, torch.cat([torch.ones_like(mask[:, :1]), mask[:, 1:]], dim=1))
     with pytest.raises(ValueError, match="row 1 of response_mask has no response token"):
-        check_response_batch(ids, mask * torch.tensor([[1], [0]]))
+        response_tensors(ids, mask * torch.tensor([[1], [0]]))
     with pytest.raises(ValueError, match=r"response_mask must be a 0/1 or bool tensor of input_ids' shape \(2, "):
-        check_response_batch(ids, mask[:, :-1])
+        response_tensors(ids, mask[:, :-1])
     with pytest.raises(ValueError, match="response_mask must hold only 1"):
-        check_response_batch(ids, mask * 2)
+        response_tensors(ids, mask * 2)
     with pytest.raises(ValueError, match="input_ids must be int64 .* got torch.float32"):
-        check_response_batch(ids.float(), mask)
+        response_tensors(ids.float(), mask)
     with pytest.raises(ValueError, match="input_ids must be int64 .* got torch.int32"):
-        check_response_batch(ids.int(), mask)
+        response_tensors(ids.int(), mask)
     with pytest.raises(ValueError, match="input_ids must be int64 .* at least 2 tokens"):
-        check_response_batch(ids[:, :1], mask[:, :1])
+        response_tensors(ids[:, :1], mask[:, :1])
     with pytest.raises(TypeError, match="input_ids must be a Tensor"):
-        check_response_batch(ids.tolist(), mask)
+        response_tensors(ids.tolist(), mask)
     with pytest.raises(TypeError, match="response_mask must be a Tensor"):
-        check_response_batch(ids, mask.tolist())
+        response_tensors(ids, mask.tolist())
     with pytest.raises(ValueError, match=r"response_mask\[:, 0\] is 1"):  # token_logprobs runs the same door
         token_logprobs(model, ids, torch.ones_like(mask))
 
@@ -236,9 +235,9 @@ def test_preference_pairs_from_the_chat_model_are_judged_right_and_wrong(chat, h
     for pair in pairs:
         example = by_instruction[pair["instruction"]]
         assert pair == {**example, "chosen": pair["chosen"], "rejected": pair["rejected"]}, "the example, two replies"
-        assert check_reply(example, pair["chosen"]), f"chosen {pair['chosen']!r} is not a right answer"
-        assert not check_reply(example, pair["rejected"]), f"rejected {pair['rejected']!r} is a right answer"
-        assert check_reply(pair, pair["chosen"]), "a pair can be judged again by check_reply"
+        assert judge_reply(example, pair["chosen"]), f"chosen {pair['chosen']!r} is not a right answer"
+        assert not judge_reply(example, pair["rejected"]), f"rejected {pair['rejected']!r} is a right answer"
+        assert judge_reply(pair, pair["chosen"]), "a pair can be judged again by judge_reply"
     with torch.no_grad():
         chosen, rejected = pair_logprobs(model, tokenizer, pairs, 128)  # every pair can be written as turns
     assert chosen.shape == rejected.shape == (len(pairs),) and bool(torch.isfinite(chosen).all())
@@ -258,7 +257,7 @@ def test_preference_pairs_pick_the_first_right_and_first_wrong_reply(chat, monke
         (ask("speaker", "NURSE"), ["ROMEO", "nurse", "NURSE!"], None),  # never right: no pair
         (ask("speaker", "TYBALT"), ["ROMEO", "TYBALT", "NURSE", "TYBALT "], ("TYBALT", "ROMEO")),
         (ask("continue", "HAMLET"), ["x", "HAMLET:\nA.", "y", "HAMLET:\nB."], ("HAMLET:\nA.", "x")),
-        # a reply holding a chat token cannot be a turn: left out, even where check_reply would call it right
+        # a reply holding a chat token cannot be a turn: left out, even where judge_reply would call it right
         (ask("continue", "LEAR"), ["<|assistant|>LEAR", "LEAR:\nNo<|user|>thing", "LEAR:\nNothing.", "no"],
          ("LEAR:\nNothing.", "no")),
         (ask("speaker", "KENT"), ["KENT", "ROMEO<|end|>", "<|user|>"], None),  # the only wrong ones are left out
@@ -289,7 +288,7 @@ def test_preference_pairs_pick_the_first_right_and_first_wrong_reply(chat, monke
 # ------------------------------------------------------------------------------------------------ DPO
 @pytest.mark.parametrize("beta", [0.01, 0.1, 1.0, 25.0])
 def test_dpo_loss_is_log_2_when_the_policy_is_the_reference(beta):
-    chosen, rejected = -torch.rand(5, generator=seeded(1)) * 30, -torch.rand(5, generator=seeded(2)) * 30
+    chosen, rejected = -1 - torch.rand(5, generator=seeded(1)) * 30, -torch.rand(5, generator=seeded(2)) * 30
     loss, chosen_reward, rejected_reward = dpo_loss(chosen, rejected, chosen.clone(), rejected.clone(), beta)
     assert abs(loss.item() - math.log(2)) < 1e-6, "no preference yet: -log sigmoid(0)"
     assert torch.equal(chosen_reward, torch.zeros(5)) and torch.equal(rejected_reward, torch.zeros(5))
@@ -545,7 +544,7 @@ def test_a_grpo_step_without_signal_leaves_the_policy_exactly_as_it_was(chat, he
     """Every reply judged wrong: every advantage is 0, so is every gradient, and AdamW without weight decay does not
     move (beta 0: no KL term that could pull either)."""
     model, tokenizer = chat
-    monkeypatch.setattr(alignment, "check_reply", lambda example, reply: False)
+    monkeypatch.setattr(alignment, "judge_reply", lambda example, reply: False)
     policy = trainable_copy(model)
     before = snapshot(policy)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
@@ -563,7 +562,7 @@ def test_a_grpo_step_without_signal_leaves_the_policy_exactly_as_it_was(chat, he
 def test_a_grpo_step_with_signal_moves_the_policy_and_not_the_reference(chat, heldout, monkeypatch):
     model, tokenizer = chat
     verdicts = iter([True, False] * 100)  # every group gets both rewards
-    monkeypatch.setattr(alignment, "check_reply", lambda example, reply: next(verdicts))
+    monkeypatch.setattr(alignment, "judge_reply", lambda example, reply: next(verdicts))
     monkeypatch.setattr(alignment, "reply_finished", lambda ids, mask, end_id: torch.ones(len(ids), dtype=torch.bool))
     policy, reference = trainable_copy(model), moved_copy(model)  # a reference that differs: the KL term counts
     policy_before, reference_before = snapshot(policy), snapshot(reference)
@@ -597,7 +596,7 @@ def test_a_grpo_step_with_signal_moves_the_policy_and_not_the_reference(chat, he
 
 
 # ------------------------------------------------------------------------------------------------ scoring
-def test_score_policy_is_check_reply_of_the_greedy_and_the_sampled_replies(chat, heldout):
+def test_score_policy_is_judge_reply_of_the_greedy_and_the_sampled_replies(chat, heldout):
     model, tokenizer = chat
     scores = score_policy(model, tokenizer, heldout, 3, seeded(4), 48)
     assert set(scores) == {"speaker", "upper", "last_word", "continue", "all"}
@@ -606,9 +605,9 @@ def test_score_policy_is_check_reply_of_the_greedy_and_the_sampled_replies(chat,
     generator, want = seeded(4), {}  # the same calls in the same order: the same samples
     for example in heldout:
         replies = sample_group(model, tokenizer, example["instruction"], 3, generator, 48)[2]
-        greedy = float(check_reply(example, chat_reply(model, tokenizer, example["instruction"], 48)))
+        greedy = float(judge_reply(example, chat_reply(model, tokenizer, example["instruction"], 48)))
         for task in (example["task"], "all"):
-            reward = sum(check_reply(example, reply) for reply in replies) / 3
+            reward = sum(judge_reply(example, reply) for reply in replies) / 3
             want.setdefault(task, []).append((greedy, reward, len(set(replies))))
     for task, rows in want.items():
         for k, name in enumerate(("greedy", "reward", "distinct")):
@@ -638,9 +637,9 @@ def test_the_training_functions_refuse_what_they_cannot_use_before_any_work(chat
         train_dpo(model, model, tokenizer, pairs, 0.0, 1e-3, 1)  # refused before the reference's forward pass
     with pytest.raises(ValueError, match="epsilon must be in"):
         grpo_step(model, model, tokenizer, [example], optimizer, epsilon=1.5)  # refused before any sampling
-    on_gpu = types.SimpleNamespace(device=torch.device("cuda", 0))  # a CUDA generator, as a laptop with a GPU makes
-    with pytest.raises(ValueError, match="generator is on cuda:0 and the model on cpu"):
-        sample_group(model, tokenizer, "Hi", 2, on_gpu)
+    on_meta = frozen_copy(model).to("meta")  # a model elsewhere than the generator, as on a laptop with a GPU
+    with pytest.raises(ValueError, match="generator is on cpu and the model on meta"):
+        sample_group(on_meta, tokenizer, "Hi", 2, seeded(0))
     with pytest.raises(TypeError, match="examples must be a non-empty list"):
         score_policy(model, tokenizer, [])
     with pytest.raises(ValueError, match="samples must be >= 1"):
@@ -654,10 +653,10 @@ def test_the_training_functions_refuse_what_they_cannot_use_before_any_work(chat
 
 
 def test_a_reply_cut_off_before_its_end_earns_nothing(chat, monkeypatch):
-    """check_reply would accept a "continue" reply cut off mid-line; the rollout gives it reward 0, because a reply
+    """judge_reply would accept a "continue" reply cut off mid-line; the rollout gives it reward 0, because a reply
     that never reached <|end|> is not an answer (the same rule keeps it out of preference pairs)."""
     model, tokenizer = chat
-    monkeypatch.setattr(alignment, "check_reply", lambda example, reply: True)  # the checker would accept anything
+    monkeypatch.setattr(alignment, "judge_reply", lambda example, reply: True)  # the checker would accept anything
     example = {"task": "continue", "instruction": "Speak as HAMLET.", "response": "HAMLET:\nTo be."}
     input_ids, mask, rewards, _ = alignment.rollout(model, tokenizer, [example], 6, seeded(0), max_new_tokens=3)
     finished = alignment.reply_finished(input_ids, mask, tokenizer.end_id)

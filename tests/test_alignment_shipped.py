@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course_lib.alignment import ALIGNED_DIRS, load_aligned
-from course_lib.finetuning import SHAKESPEARE_CHAT_DIR, chat_reply, check_reply, load_shakespeare_chat
+from course_lib.finetuning import SHAKESPEARE_CHAT_DIR, chat_reply, judge_reply, load_shakespeare_chat
 
 
 def load_script():
@@ -59,7 +59,7 @@ def test_every_shipped_pair_is_judged_as_its_label_says(cards):
     assert len(pairs) == cards["dpo"]["pairs"] and len(pairs) > 100
     assert {p["task"] for p in pairs} == set(load_script().RECIPE.tasks)
     for pair in pairs:
-        assert check_reply(pair, pair["chosen"]) and not check_reply(pair, pair["rejected"]), pair
+        assert judge_reply(pair, pair["chosen"]) and not judge_reply(pair, pair["rejected"]), pair
 
 
 @pytest.mark.parametrize("stage", sorted(ALIGNED_DIRS))

@@ -140,3 +140,10 @@ class Model:
     c = count(source)
     assert c.crowded == {"Model.forward": 4}  # the for of ifs (3 lines) and the door call
     assert count("from .doors import moved\n__getattr__ = moved(__name__, {})\n").checks == 0
+
+
+def test_counter_lets_one_door_call_wrap_but_not_an_inline_check():
+    wrapped = "from .doors import demo as door\n\ndef f(a, b):\n    door.f(a,\n           b)\n    return a\n"
+    assert count(wrapped).crowded == {} and count(wrapped).checks == 2
+    inline = "def f(a):\n    if a < 0:\n        raise ValueError('a')\n    return a\n"
+    assert count(inline).crowded == {"f": 2}
