@@ -237,7 +237,8 @@ def grpo_loss(logps: Tensor, old_logps: Tensor, ref_logps: Tensor | None, advant
     (batch, tokens), 1 on the completion's tokens. Per token: -min(ratio * A, clip(ratio, 1 - epsilon, 1 + epsilon)
     * A) + beta * k3, ratio = pi / pi_old. kl_correction (TRL 1.16's default) multiplies k3 by the unclipped ratio.
     loss_type says how the per-token losses become one number; see GRPO_LOSS_TYPES and the notebook's table."""
-    door.grpo_loss(**locals())  # every argument above, by name
+    door.grpo_loss(logps, old_logps, ref_logps, advantages, completion_mask, beta, epsilon, loss_type,
+                   max_completion_length, kl_correction)
     mask = completion_mask.to(logps.dtype)  # (batch, tokens)
     ratio = torch.exp(logps - old_logps.detach())  # (batch, tokens): pi / pi_old, no gradient into the sampler
     adv = advantages.unsqueeze(1)  # (batch, 1): one advantage for every token of a completion
@@ -280,7 +281,8 @@ def grpo_step(policy: GPTModel, reference: GPTModel | None, tokenizer: ChatToken
     advantages, the log-probs of the sampler (the policy as it is now) and of the reference, then `iterations`
     optimizer steps on grpo_loss over that one batch (kl_correction: TRL's ratio-weighted k3). Returns the mean
     reward, the share of groups with one reward throughout (no signal), distinct replies per group, the last loss."""
-    door.grpo_step(**locals())  # every argument above, by name, before anything is sampled
+    door.grpo_step(policy, reference, tokenizer, examples, optimizer, group_size, beta, epsilon, iterations,
+                   loss_type, generator, max_new_tokens, kl_correction)  # before anything is sampled
     policy.eval()  # dropout off: the ratio must compare the same function before and after a step
     input_ids, mask, rewards, distinct = rollout(policy, tokenizer, examples, group_size, generator, max_new_tokens)
     with torch.no_grad():

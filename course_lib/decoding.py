@@ -133,7 +133,9 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
     attention_mask (batch, tokens), from left_pad: 0 marks the padding of shorter prompts; it grows by a column
     of 1s per step. The penalties see the pads, as in transformers. Like any Python generator, it checks its
     arguments when the first token is asked for."""
-    context_length = door.stream_tokens(**locals())  # every argument; a GPU mask's values read here, once
+    context_length = door.stream_tokens(model, token_ids, max_new_tokens, context_length, temperature, top_k, top_p,
+                                        min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty,
+                                        presence_penalty, eos_id, generator, attention_mask)  # a GPU mask read once
     prompt_len = token_ids.shape[1]
     finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
     caches = model.new_kv_caches()

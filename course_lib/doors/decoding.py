@@ -99,7 +99,7 @@ def left_padding(attention_mask: Tensor) -> None:
 def stream_tokens(model, token_ids, max_new_tokens, context_length, temperature, top_k, top_p, min_p,
                   repetition_penalty, no_repeat_ngram_size, frequency_penalty, presence_penalty, eos_id, generator,
                   attention_mask) -> int:
-    """stream_tokens (its arguments by name, `door.stream_tokens(**locals())`): every setting, the prompt and its
+    """stream_tokens: every setting, the prompt and its
     padding mask, checked before the first token; returns the context_length the loop uses. A GPU mask's values are
     read here once, on a CPU copy: the forward reads them only on the CPU."""
     if attention_mask is not None and context_length is not None:
