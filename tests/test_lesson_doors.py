@@ -147,3 +147,33 @@ def test_counter_lets_one_door_call_wrap_but_not_an_inline_check():
     assert count(wrapped).crowded == {} and count(wrapped).checks == 2
     inline = "def f(a):\n    if a < 0:\n        raise ValueError('a')\n    return a\n"
     assert count(inline).crowded == {"f": 2}
+
+
+@pytest.mark.parametrize("module", lesson_modules())
+def test_every_moved_name_still_imports_from_its_old_place_with_a_warning_that_names_the_new_one(module):
+    import importlib
+    import warnings
+
+    lesson = importlib.import_module(f"course_lib.{module}")
+    names = getattr(getattr(lesson, "__getattr__", None), "names", {})
+    for old, target in names.items():
+        where, new = target.split(":")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(lesson, old)
+        assert value is getattr(importlib.import_module(where), new), f"course_lib.{module}.{old} is not {target}"
+        assert [w.category for w in caught] == [DeprecationWarning], f"course_lib.{module}.{old} does not warn"
+        assert f"{where}.{new}" in str(caught[0].message)
+        assert old not in lesson.__all__
+    with pytest.raises(AttributeError, match="no attribute"):
+        getattr(lesson, "no_such_name_here")
+
+
+def test_the_old_guard_names_still_import_with_a_warning():
+    import warnings
+
+    import course_lib.guards as guards
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert guards.check_int is guards.require_int
+    assert caught[0].category is DeprecationWarning and "require_int" in str(caught[0].message)

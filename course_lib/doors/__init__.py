@@ -27,4 +27,5 @@ def moved(module: str, names: dict[str, str]):
         warnings.warn(f"{module}.{name} moved to {where}.{new}; import it from there", DeprecationWarning,
                       stacklevel=2)
         return getattr(importlib.import_module(where), new)
+    __getattr__.names = dict(names)  # what moved where, for the tests
     return __getattr__
