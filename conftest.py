@@ -5,19 +5,19 @@ import os
 
 # One PyTorch thread per process unless you set it yourself. On a machine whose cores other jobs are using, a
 # second OpenMP thread makes every operation wait for a busy core: a training step of notebook 09's model took
-# 340-385 ms with 2 threads against 67-84 ms with 1, and notebook 09 ran past nbval's cell timeout (README,
-# Performance). Must be set before torch is imported, which is why it lives here and not in a fixture.
+# 340-385 ms with 2 threads against 67-84 ms with 1, and notebook 09 ran past nbval's cell timeout (docs/performance.md,
+# Thread policy). Must be set before torch is imported, which is why it lives here and not in a fixture.
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
 
 
-# Every figure a notebook draws must be readable in a lecture hall (course guide, section 4): each nbval kernel
-# checks each figure it renders with tests/figure_check.py, and a figure that breaks a rule turns the cell that
-# showed it into an error that names the problems. The kernels inherit IPYTHONDIR from this process, so it points
-# at a profile made for this test session only, in a temporary folder: its startup file installs the check, its
-# config keeps no history database. Your own ~/.ipython and Jupyter are untouched (and, as a bonus, your own
-# startup files no longer leak into the test kernels). COURSE_FIGURE_CHECK=0 switches the check off. Made once,
-# by the first process that loads this file: pytest-xdist's workers inherit the variables and reuse the folder.
+# Every figure a notebook draws must be readable in a lecture hall (docs/design.md, section 4 (what a lesson looks
+# like)): each nbval kernel checks each figure it renders with tests/figure_check.py, and a figure that breaks a rule
+# turns the cell that showed it into an error that names the problems. The kernels inherit IPYTHONDIR from this
+# process, so it points at a profile made for this test session only, in a temporary folder: its startup file installs
+# the check, its config keeps no history database. Your own ~/.ipython and Jupyter are untouched (and, as a bonus,
+# your own startup files no longer leak into the test kernels). COURSE_FIGURE_CHECK=0 switches the check off. Made
+# once, by the first process that loads this file: pytest-xdist's workers inherit the variables and reuse the folder.
 def _figure_check_profile():
     import atexit
     import shutil

@@ -33,7 +33,7 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads for both peers (default 1, the course's thread policy: on a "
                              "machine shared with other jobs, more keep OpenMP workers waiting for busy cores at "
-                             "every operation; README, Performance)")
+                             "every operation; docs/performance.md, Thread policy)")
     if extra is not None:
         extra(parser)
     args = parser.parse_args()

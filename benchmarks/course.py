@@ -18,7 +18,7 @@ from common import REPO_ROOT, Run, parse_args, print_table
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+?)::(.+?)\s*$")
 SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
-NOTEBOOK_BUDGET_S = 60  # the course guide's budget per notebook ...
+NOTEBOOK_BUDGET_S = 60  # the budget per notebook (docs/design.md, section 3 (notebooks nbval can trust)) ...
 TRAINING_BUDGET_S = 150  # ... except the training notebook
 COURSE_BUDGET_S = 180  # and for the whole pytest run
 

@@ -1,6 +1,6 @@
 """course_lib: the finished code of the GPT-2-from-scratch course, one module per notebook.
 
-Each module mirrors the `#| export` cells of one notebook (see README.md); import from the modules,
+Each module mirrors the `#| export` cells of one notebook (the map: docs/design.md, section 1); import from the modules,
 e.g. `from course_lib.tokenization import gpt2_tokenizer`.
 
 A later notebook may add to a class of an earlier one where it teaches the addition (nbdev's `@patch`):

@@ -1,4 +1,5 @@
-"""Is a matplotlib figure readable from the back of a lecture hall? (the course guide, section 4)
+"""Is a matplotlib figure readable from the back of a lecture hall? (docs/design.md, section 4 (what a lesson looks
+like))
 
 Not a lesson module: the test suite's check of every figure the notebooks draw.
 
@@ -263,7 +264,7 @@ def report(fig, found):
     """The message of UnreadableFigure."""
     width, height = fig.get_size_inches()
     lines = [f"this {width:g} x {height:g} in figure is not readable from the back of a lecture hall "
-             f"(tests/figure_check.py; course guide, section 4):"]
+             f"(tests/figure_check.py; docs/design.md, section 4 (what a lesson looks like)):"]
     return "\n".join(lines + [f"  - {p}" for p in found])
 
 

@@ -24,9 +24,10 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
-from build_decks import build_decks
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from build_decks import build_decks  # noqa: E402
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "build" / "artifacts"
 INSTALL = ("no Chromium found: install it with `apt-get install -y chromium` (Debian/Ubuntu, as root), "

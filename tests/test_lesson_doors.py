@@ -1,6 +1,6 @@
 """The lesson reads as its idea, and its doors are a layer of their own (docs: the doors).
 
-* Check lines (as `benchmarks/guard_lines.py` counts them: an `if` whose body ends in `raise`, an `assert`, a call into
+* Check lines (as `tools/guard_lines.py` counts them: an `if` whose body ends in `raise`, an `assert`, a call into
   the door layer or the guards, whatever the names) are at most 8% of the code lines of all lesson modules together
   and at most 12% of any one; a lesson function holds at most one check line (the call to its door), except the
   errors that are the lesson itself, listed in LESSON_ERRORS with why.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 from guard_lines import count, lesson_modules, measure  # noqa: E402
 
 ALL_LIMIT, MODULE_LIMIT = 0.08, 0.12

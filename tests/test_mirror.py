@@ -1,4 +1,4 @@
-"""The mirror rule of COURSE_GUIDE.md section 2.
+"""The mirror rule: docs/design.md, section 2 (the mirror rule).
 
 * The lesson modules are generated: a fresh export of the notebooks with nbdev's exporter equals
   course_lib/ byte for byte, comments included. A module is never edited by hand.
@@ -18,15 +18,17 @@ import difflib
 import json
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from refresh_notebooks import export
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from refresh_notebooks import export  # noqa: E402
+
 DEFAULT_EXP = re.compile(r"^#\|\s*default_exp\s+(\w+)\s*$", re.MULTILINE)
 EXPORT = re.compile(r"^#\|\s*export(?:\s+(\w+))?\s*$")  # `#| export`, or `#| export shards`: a second module
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
@@ -199,7 +201,7 @@ def export_problems(root: Path, modules: list[str]) -> list[str]:
         export(fresh)
         for module in modules:
             committed, generated = root / "course_lib" / f"{module}.py", fresh / "course_lib" / f"{module}.py"
-            fix = "edit the notebook, never the module, then run `python tests/refresh_notebooks.py`"
+            fix = "edit the notebook, never the module, then run `python tools/refresh_notebooks.py`"
             if not committed.exists():
                 problems.append(f"course_lib/{module}.py does not exist but a notebook exports it: {fix}")
             elif committed.read_bytes() != generated.read_bytes():
@@ -287,7 +289,7 @@ def test_checker_rejects_a_missing_module(tmp_path):
     (tmp_path / "course_lib" / "demo.py").unlink()
     assert mirror_problems(tmp_path) == [
         "course_lib/demo.py does not exist but a notebook exports it: edit the notebook, never the module, then "
-        "run `python tests/refresh_notebooks.py`"]
+        "run `python tools/refresh_notebooks.py`"]
 
 
 def test_checker_rejects_a_module_no_notebook_exports(tmp_path):

@@ -2,15 +2,17 @@
 
 import html
 import re
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbconvert import SlidesExporter
 
-from refresh_notebooks import mark_slides, slide_type
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from refresh_notebooks import mark_slides, slide_type  # noqa: E402
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -43,7 +45,7 @@ def test_notebook_has_current_slide_metadata_and_converts(path):
     mark_slides(notebook)
     expected = ([c.metadata["slideshow"]["slide_type"] for c in notebook.cells], notebook.metadata["rise"])
     assert stored == expected, (f"{path.name}: slide metadata is missing or stale; run "
-                                f"python tests/refresh_notebooks.py --slides-only {path.relative_to(ROOT)}")
+                                f"python tools/refresh_notebooks.py --slides-only {path.relative_to(ROOT)}")
     sections = [c for c in notebook.cells if c.cell_type == "markdown" and c.source.startswith("## ")]
     assert len(sections) >= 3, f"{path.name}: a lesson needs sections (## headings) to make slides"
 

@@ -1,7 +1,7 @@
 """Build a reveal.js slide deck of every lesson into one folder that works offline, opened from file://.
 
-    python tests/build_decks.py                                # every notebook -> build/decks/
-    python tests/build_decks.py --out /tmp/decks notebooks/05_attention.ipynb
+    python tools/build_decks.py                                # every notebook -> build/decks/
+    python tools/build_decks.py --out /tmp/decks notebooks/05_attention.ipynb
 
 `jupyter nbconvert --to slides` writes a deck that loads reveal.js, MathJax, require.js and jQuery from CDNs and
 links figures by a path relative to the notebook, so offline it is one long page with raw LaTeX. Here:
@@ -11,7 +11,7 @@ links figures by a path relative to the notebook, so offline it is one long page
   no web fonts): nothing in a deck asks for the network;
 - figures in markdown cells are embedded as data URIs (plots already are), so a deck can be copied anywhere;
 - cells tagged `solution` (hidden exercise solutions and worked answers) are left out.
-The slide type of each cell comes from its metadata, set by `tests/refresh_notebooks.py` (`mark_slides`)."""
+The slide type of each cell comes from its metadata, set by `tools/refresh_notebooks.py` (`mark_slides`)."""
 
 import base64
 import mimetypes
@@ -136,7 +136,7 @@ def main(args: list[str]) -> None:
     if "--out" in args:
         at = args.index("--out")
         if at + 1 == len(args):
-            sys.exit("--out needs a folder: python tests/build_decks.py --out DIR [notebooks...]")
+            sys.exit("--out needs a folder: python tools/build_decks.py --out DIR [notebooks...]")
         out = Path(args[at + 1]).resolve()
         del args[at:at + 2]
     paths = [Path(a).resolve() for a in args] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

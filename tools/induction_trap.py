@@ -3,8 +3,8 @@ uniform random tokens repeated to fill the row, instead of the notebook's second
 section 6, quotes what this prints: the model learns to copy at one distance by position alone, and no induction
 head forms.
 
-    python benchmarks/induction_trap.py             # 3,000 steps, about a minute on one thread
-    python benchmarks/induction_trap.py --steps 300 # a smoke run
+    python tools/induction_trap.py             # 3,000 steps, about a minute on one thread
+    python tools/induction_trap.py --steps 300 # a smoke run
 
 Everything else is notebook 12's: the model (2 blocks of 4 attention heads of width 16, no feed-forward), AdamW at
 3e-3, batches of 64 rows of 32 tokens, passages of 6 to 16 tokens, and its probe (64 rows of 12 uniform random
