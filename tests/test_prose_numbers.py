@@ -1,5 +1,5 @@
 """Every number in a lesson's prose is one the notebook printed, or says where it comes from
-(COURSE_GUIDE.md section 3).
+(docs/design.md section 3, "Notebooks that nbval can trust").
 
 A number in a markdown cell passes when
 * it appears in the notebook's stored outputs, as a literal in its code (a seed, a loop's range) or among the
@@ -7,7 +7,7 @@ A number in a markdown cell passes when
   1.34 does not; 56 % matches a printed 0.56; 3.2M matches 3,222,528);
 * or its sentence names where it comes from: a paper (an author and a year, "Olsson et al., 2022"), a reference
   implementation, a datasheet or a model card, or a measurement of ours with its date ("`benchmarks/
-  decode_limits.py` ... 2026-11-24", the README's Performance section and a date). A table is judged by the
+  decode_limits.py` ... 2026-11-24", docs/performance.md or docs/testing.md and a date). A table is judged by the
   sentence that introduces it;
 * or it is part of the lesson's mathematics, written in LaTeX (`$30{,}740{,}800 / 7{,}087{,}872 = 4.337$`), or
   code (`eps=1e-5`), or a version (PyTorch 2.13), or sits in an exercise's statement or a "Predict first"
@@ -43,7 +43,7 @@ MEASURED = re.compile(rf"{ALONE}(?P<percent>{NUMBER})\s?%"
 ANY_NUMBER = re.compile(rf"(?<![\w.])({NUMBER})")
 PERCENT = re.compile(rf"({NUMBER})\s?%")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
-MEASUREMENT_SOURCE = re.compile(r"benchmarks/|README", re.IGNORECASE)
+MEASUREMENT_SOURCE = re.compile(r"benchmarks/|tools/|docs/performance\.md|docs/testing\.md", re.IGNORECASE)
 # Sources that are not runs of ours: a shipped model's card, a reference implementation's published settings,
 # a datasheet. Named in the sentence, they need no date.
 REFERENCE = re.compile(r"model card|card\.json|llm\.c|nanoGPT|build-nanogpt|datasheet|Hugging Face's|OpenAI")
