@@ -62,6 +62,23 @@ def as_device(device) -> torch.device:
                          f"{device!r}") from error
 
 
+def values_readable(*tensors: Tensor) -> bool:
+    """Whether a door may read these tensors' values for free: on the CPU (on a GPU the host would wait for the
+    device) and outside torch.compile (where reading would break the graph)."""
+    return all(t.device.type == "cpu" for t in tensors) and not torch.compiler.is_compiling()
+
+
+def require_weight(source: str, key: str, tensor, shape: tuple[int, ...]) -> None:
+    """A loaded weight: a floating-point tensor with data (not on meta) of the model's `shape`, holding no NaN or
+    infinity (one look per tensor, in the loader, never in forward). `source` names the file it came from."""
+    if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and not tensor.is_meta
+            and tuple(tensor.shape) == tuple(shape)):
+        got = (f"{tensor.dtype} {tuple(tensor.shape)}{' on meta, without data' * tensor.is_meta}"
+               if isinstance(tensor, Tensor) else type(tensor).__name__)
+        raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {tuple(shape)}")
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"{source}: {key} holds NaN or infinite values: the file is corrupt or its run diverged")
+
 def require_token_tensor(name: str, ids, dims: int, vocab_size: int | None = None,
                        device: torch.device | None = None, max_tokens: int | None = None) -> None:
     """A non-empty tensor of integer token ids with `dims` dimensions ((tokens,) or (batch, tokens)); with
@@ -85,7 +102,7 @@ def require_token_tensor(name: str, ids, dims: int, vocab_size: int | None = Non
     if max_tokens is not None and ids.shape[-1] > max_tokens:
         raise ValueError(f"{name} has {ids.shape[-1]} tokens, more than the {max_tokens} positions left in the "
                          "context: crop the input to fit, or start again with empty KV caches")
-    if vocab_size is not None and ids.device.type == "cpu" and not torch.compiler.is_compiling():
+    if vocab_size is not None and values_readable(ids):
         low, high = ids.min().item(), ids.max().item()  # one look at the data per call
         if high >= vocab_size:
             raise ValueError(f"{name} holds token id {high} >= vocab_size {vocab_size}: the ids come from a "
@@ -106,8 +123,7 @@ def require_attention_mask(mask, shape: tuple[int, int], device: torch.device) -
         raise ValueError(f"attention_mask must be shaped (batch, tokens so far) = {tuple(shape)} on {device}, one "
                          f"entry per token of every row, the cached ones included; got {tuple(mask.shape)} on "
                          f"{mask.device}")
-    readable = mask.device.type == "cpu" and not torch.compiler.is_compiling()
-    if mask.dtype != torch.bool and readable and not bool(((mask == 0) | (mask == 1)).all()):
+    if mask.dtype != torch.bool and values_readable(mask) and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("attention_mask must hold only 1 (a real token) and 0 (padding)")
 
 

@@ -9,13 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from ..finetuning import CHAT_TOKENS, INSTRUCTION_TASKS, ChatTokenizer, format_chat
-from ..guards import require_bool, require_int, require_number, require_type
+from ..guards import require_bool, require_int, require_number, require_type, values_readable
 from ..model import GPTModel
-
-
-def _readable(*tensors: Tensor) -> bool:
-    """Whether reading the values is free: on the CPU (on a GPU the host would wait for it), outside torch.compile."""
-    return all(t.device.type == "cpu" for t in tensors) and not torch.compiler.is_compiling()
 
 
 def response_tensors(input_ids: Tensor, response_mask: Tensor) -> None:
@@ -32,7 +27,7 @@ def response_tensors(input_ids: Tensor, response_mask: Tensor) -> None:
     if response_mask.device != input_ids.device:
         raise ValueError(f"response_mask is on {response_mask.device} and input_ids on {input_ids.device}: move "
                          "both to the model's device with .to(...)")
-    if _readable(response_mask):
+    if values_readable(response_mask):
         if not bool(((response_mask == 0) | (response_mask == 1)).all()):
             raise ValueError("response_mask must hold only 1 (a response token) and 0 (prompt or padding)")
         if bool(response_mask[:, 0].any()):
@@ -49,7 +44,7 @@ def token_logprobs(model, input_ids: Tensor, response_mask: Tensor) -> None:
     token ids inside its vocabulary: the last token is only scored, so the model's own door never sees it."""
     require_type("model", model, nn.Module, "pass the policy or the reference model, e.g. a GPTModel")
     response_tensors(input_ids, response_mask)
-    if isinstance(model, GPTModel) and _readable(input_ids):
+    if isinstance(model, GPTModel) and values_readable(input_ids):
         low, high = input_ids.min().item(), input_ids.max().item()
         if low < 0 or high >= model.cfg.vocab_size:
             raise ValueError(f"input_ids holds token id {high if high >= model.cfg.vocab_size else low}, outside the "
@@ -176,7 +171,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta) -> 
     require_number("beta", beta, 0, math.inf, low_open=True, high_open=True, why="beta scales the log-ratios; a "
                    "larger beta keeps the policy closer to the reference (TRL's default is 0.1)")
     for name, value in tensors.items():
-        if _readable(value) and not bool((value <= 0).all()):  # NaN fails `<= 0` too
+        if values_readable(value) and not bool((value <= 0).all()):  # NaN fails `<= 0` too
             i = int((~(value <= 0)).nonzero()[0])
             raise ValueError(f"{name}[{i}] is {value[i].item():g}, but a log-probability is never positive (nor NaN): "
                              f"pass sequence_logprobs(...) itself, not its negation (a negative log-likelihood)")
@@ -242,7 +237,7 @@ def group_advantages(rewards, group_size, eps) -> None:
     if rewards.numel() == 0 or rewards.numel() % group_size:
         raise ValueError(f"rewards holds {rewards.numel()} completions, not a whole number of groups of "
                          f"group_size={group_size}: sample group_size completions for every prompt")
-    if _readable(rewards) and not bool(torch.isfinite(rewards).all()):
+    if values_readable(rewards) and not bool(torch.isfinite(rewards).all()):
         i = int((~torch.isfinite(rewards)).nonzero()[0])
         raise ValueError(f"rewards[{i}] is {rewards[i].item()}: every reward must be a finite number, or the "
                          f"advantages of its whole group turn NaN; give a reply the checker cannot score reward 0")

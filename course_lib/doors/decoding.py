@@ -12,7 +12,8 @@ from torch import Tensor
 
 from . import generation as generation_door
 from ..config import GPTConfig
-from ..guards import as_device, require_attention_mask, require_int, require_number, require_token_tensor, require_type
+from ..guards import (as_device, require_attention_mask, require_int, require_number, require_token_tensor,
+                      require_type, values_readable)
 
 SCORE_RANGE = 1e30  # beam scores (float32) are divided by length ** length_penalty: it stays within 1e-30 .. 1e30
 
@@ -89,7 +90,7 @@ def left_padding(attention_mask: Tensor) -> None:
     """Every row: its 0s (pads) first, then 1s up to the newest token. The values are read only where that is free,
     on the CPU outside torch.compile; stream_tokens reads a GPU mask once, at its door, not in every forward."""
     real = attention_mask.long()  # (batch, tokens so far)
-    if real.device.type != "cpu" or torch.compiler.is_compiling():
+    if not values_readable(real):
         return
     if bool((real[:, 1:] < real[:, :-1]).any()) or not bool(real[:, -1].all()):
         raise ValueError("attention_mask must pad on the left: in every row the 0s (pads) come first, then 1s up "

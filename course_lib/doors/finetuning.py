@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from . import tokenization as tokenization_door
-from ..guards import require_int, require_number, require_token_tensor, require_type
+from ..guards import require_int, require_number, require_token_tensor, require_type, values_readable
 from ..model import GPTModel
 from ..tokenization import CharTokenizer
 
@@ -229,7 +229,7 @@ def lengths(lengths: Tensor | None, token_ids: Tensor) -> Tensor:
     if lengths.shape != token_ids.shape[:1] or lengths.device != token_ids.device:
         raise ValueError(f"lengths has shape {tuple(lengths.shape)} on {lengths.device}; token_ids "
                          f"{tuple(token_ids.shape)} on {token_ids.device} needs one length per row, on its device")
-    if lengths.device.type == "cpu" and not torch.compiler.is_compiling():
+    if values_readable(lengths):
         if lengths.min() < 1 or lengths.max() > token_ids.shape[1]:
             raise ValueError(f"lengths must be in [1, {token_ids.shape[1]}] (the real tokens of each row), got "
                              f"values from {lengths.min().item()} to {lengths.max().item()}")
@@ -376,7 +376,7 @@ def chat_loss(model, inputs, targets) -> None:
     if targets.shape != inputs.shape or targets.dtype != torch.int64:
         raise ValueError(f"targets must be int64 of the inputs' shape {tuple(inputs.shape)}, got {targets.dtype} "
                          f"{tuple(targets.shape)}: build both with chat_batch(...)")
-    if targets.device.type == "cpu" and not torch.compiler.is_compiling():  # values read where that is free
+    if values_readable(targets):
         if not bool((targets != IGNORE_INDEX).any()):
             raise ValueError("every target is IGNORE_INDEX: the batch has no response token to learn")
         vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)

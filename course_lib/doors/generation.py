@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from ..attention import KVCache
 from ..config import GPTConfig
-from ..guards import require_bool, require_int, require_number, require_token_tensor, require_type
+from ..guards import require_bool, require_int, require_number, require_token_tensor, require_type, values_readable
 from ..model import GPTModel
 from ..tokenization import EOS_ID
 
@@ -128,7 +128,7 @@ def scale_logits(logits, temperature) -> None:
     beyond finfo.max * eps) is refused."""
     logits_tensor(logits)
     temperature_range(temperature, logits.dtype)
-    if temperature < 1 and logits.device.type == "cpu" and logits.numel() and not torch.compiler.is_compiling():
+    if temperature < 1 and logits.numel() and values_readable(logits):
         largest = float(logits.detach().abs().nan_to_num(0.0, posinf=0.0).max())  # -inf and +inf are not divided
         limit = torch.finfo(torch.promote_types(logits.dtype, torch.float32)).max
         if largest / temperature > limit:
@@ -152,7 +152,7 @@ def sample_next_token(logits, temperature, top_k, top_p) -> None:
     token can be drawn from: no NaN, no +inf, no row that is all -inf."""
     logits_tensor(logits, dims=2)
     sampling(temperature, top_k, top_p)
-    if logits.device.type == "cpu" and not torch.compiler.is_compiling() and bool(
+    if values_readable(logits) and bool(
             (torch.isnan(logits) | (logits == math.inf)).any() | (logits == -math.inf).all(dim=-1).any()):
         raise ValueError("logits hold NaN or +inf, or a row that is all -inf, so no token can be chosen: the model's "
                          "output is broken (diverged weights, or an overflow in float16); check the model and its "

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from . import generation as generation_door
 from ..config import GPTConfig
 from ..guards import (as_device, require_attention_mask, require_bool, require_int, require_number,
-                      require_token_tensor, require_type)
+                      require_token_tensor, require_type, require_weight)
 from ..training import TrainConfig
 
 MODERN_FIELDS = ("norm", "norm_eps", "positions", "rope_theta", "ffn", "hidden_dim", "n_kv_heads", "head_dim",
@@ -160,15 +160,7 @@ def hf_state(hf_state, cfg, names: dict[str, str], source: str) -> None:
     with torch.device("meta"):  # the shapes only: no numbers, no draw from the random generator
         shapes = {name: tuple(p.shape) for name, p in ModernGPT(cfg).state_dict().items()}
     for theirs, ours in names.items():
-        tensor = hf_state[theirs]
-        if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and not tensor.is_meta
-                and tuple(tensor.shape) == shapes[ours]):
-            got = (f"{tensor.dtype} {tuple(tensor.shape)}{' on meta, without data' * tensor.is_meta}"
-                   if isinstance(tensor, Tensor) else type(tensor).__name__)
-            raise ValueError(f"{source}: {theirs} is {got}, expected a floating-point tensor of shape {shapes[ours]}")
-        if not bool(torch.isfinite(tensor).all()):  # one look per tensor, in the loader, never in forward
-            raise ValueError(f"{source}: {theirs} holds NaN or infinite values: the file is corrupt or its run "
-                             "diverged")
+        require_weight(source, theirs, hf_state[theirs], shapes[ours])
     head = hf_state.get("lm_head.weight")
     if stored_head and not (isinstance(head, Tensor) and torch.equal(head, hf_state["model.embed_tokens.weight"])):
         raise ValueError(f"{source} says tie_word_embeddings, but lm_head.weight differs from the embedding: "

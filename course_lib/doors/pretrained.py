@@ -5,10 +5,9 @@ copied), the name or folder to load from, the device to load to, and the model t
 import os
 
 import torch
-from torch import Tensor
 
 from ..config import GPTConfig, get_device
-from ..guards import as_device, require_int, require_type
+from ..guards import as_device, require_int, require_type, require_weight
 from ..model import GPTModel
 
 
@@ -85,14 +84,7 @@ def fill_from_hf(model: GPTModel, hf_state: dict, source: str) -> None:
             more = f" (and {len(keys) - 1} more: {', '.join(keys[1:4])}{', ...' if len(keys) > 4 else ''})"
             raise ValueError(f"{source}: {what} {keys[0]}{more if len(keys) > 1 else ''}: {why}")
     for key, shape in expected.items():
-        tensor = state[key]
-        if not (isinstance(tensor, Tensor) and tensor.is_floating_point() and tuple(tensor.shape) == shape
-                and not tensor.is_meta):
-            got = (f"{tensor.dtype} {tuple(tensor.shape)}{' on meta, without data' * tensor.is_meta}"
-                   if isinstance(tensor, Tensor) else type(tensor).__name__)
-            raise ValueError(f"{source}: {key} is {got}, expected a floating-point tensor of shape {shape}")
-        if not bool(torch.isfinite(tensor).all()):  # one look per tensor, in the loader, never in forward
-            raise ValueError(f"{source}: {key} holds NaN or infinite values: the file is corrupt or its run diverged")
+        require_weight(source, key, state[key], shape)
     if lm_head is not None and not torch.equal(lm_head, state["wte.weight"]):  # False for another shape too
         raise ValueError(f"{source}: lm_head.weight differs from wte.weight, but the config ties them: set "
                          "tie_word_embeddings to false in config.json to load a separate output head")
