@@ -40,8 +40,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from common import RESULTS_DIR, build_pair, count_params
 
-from course_lib.distributed import RunConfig, batch_to, flops_per_token, padded_gpt, pretrain, real_vocab
+from course_lib.distributed import batch_to, flops_per_token, padded_gpt, real_vocab
 from course_lib.generation import GraphedGreedyDecoder, generate
+from course_lib.pretrain import RunConfig, pretrain
 from course_lib.shards import prepare
 from course_lib.tokenization import gpt2_tokenizer
 from course_lib.training import TrainConfig, batch_loss, load_shakespeare, make_optimizer

@@ -4,8 +4,8 @@
 __all__ = ['SHAKESPEARE_FILE', 'SHAKESPEARE_SHA256', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'cross_entropy', 'load_shakespeare',
            'split_by_position', 'get_batch', 'batch_loss', 'sample_text', 'TrainConfig', 'lr_at', 'make_optimizer',
            'evaluate', 'new_history', 'train', 'tokenizer_state', 'tokenizer_from_state', 'optimizer_state',
-           'optimizer_from_state', 'save_checkpoint', 'Checkpoint', 'read_checkpoint', 'restore_model',
-           'load_checkpoint']
+           'optimizer_from_state', 'save_atomically', 'load_payload', 'save_checkpoint', 'Checkpoint',
+           'read_checkpoint', 'restore_model', 'load_checkpoint']
 
 # %% ../notebooks/09_training.ipynb #ec98d096
 import hashlib
@@ -228,6 +228,27 @@ def optimizer_from_state(model: nn.Module, payload: dict, tcfg: TrainConfig) -> 
     accepted = signature(cls).parameters  # e.g. lr, betas; not AdamW's decoupled_weight_decay
     return cls(groups, **{key: value for key, value in payload["optimizer_defaults"].items() if key in accepted})
 
+# %% ../notebooks/09_training.ipynb #save-atomically
+def save_atomically(payload: dict, path: str | Path) -> Path:
+    """torch.save(payload) to path atomically: path is either the old file or the complete new one."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        torch.save(payload, partial)
+        os.replace(partial, path)  # atomic: path is either the old file or the complete new one
+    finally:
+        partial.unlink(missing_ok=True)  # nothing half-written stays behind, whatever failed
+    return path
+
+
+def load_payload(path: str | Path, device: torch.device | str = "cpu") -> dict | Exception:
+    """What torch.save wrote to path, on device, read without running code from the file; the error if it can't be."""
+    with open(path, "rb") as file:  # no such file, or a directory: Python's error names the path
+        try:
+            return torch.load(file, map_location=device, weights_only=True)  # runs no code from the file
+        except Exception as error:  # a truncated zip, a pickle error, another file type: the caller's door says so
+            return error
+
 # %% ../notebooks/09_training.ipynb #d67dd04c-1
 def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Optimizer, tokenizer,
                     tcfg: TrainConfig, step: int, generator: torch.Generator, history: dict | None = None) -> Path:
@@ -239,13 +260,7 @@ def save_checkpoint(path: str | Path, model: GPTModel, optimizer: torch.optim.Op
                "torch_rng": torch.get_rng_state(),  # dropout draws from torch_rng
                "history": json.loads(json.dumps(history))}  # plain Python data: what weights_only loading reads
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        torch.save(payload, partial)
-        os.replace(partial, path)  # atomic: path is either the old file or the complete new one
-    finally:
-        partial.unlink(missing_ok=True)  # nothing half-written stays behind, whatever failed
-    return path
+    return save_atomically(payload, path)
 
 # %% ../notebooks/09_training.ipynb #2de458bb
 @dataclass
@@ -262,12 +277,7 @@ class Checkpoint:
 # %% ../notebooks/09_training.ipynb #36b0e876-2
 def read_checkpoint(path: str | Path) -> dict:
     """The dictionary save_checkpoint wrote to path, once its door has seen it is a checkpoint of this version."""
-    with open(path, "rb") as file:  # no such file, or a directory: Python's error names the path
-        try:
-            payload = torch.load(file, map_location="cpu", weights_only=True)  # runs no code from the file
-        except Exception as error:  # a truncated zip, a pickle error, another file type: the door says so
-            payload = error
-    return door.read_checkpoint(path, payload, CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
+    return door.read_checkpoint(path, load_payload(path), CHECKPOINT_KEYS, CHECKPOINT_FORMAT)
 
 # %% ../notebooks/09_training.ipynb #36b0e876-3
 def restore_model(path: str | Path, payload: dict, cfg: GPTConfig, tcfg: TrainConfig,

@@ -16,11 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.distributed import (
-    PRESETS, RUN_CHECKPOINT_FORMAT, RunConfig, accumulation_steps, evaluate_shards, flops_per_token, load_run, main,
-    matmul_peak, pick_device_and_backend, pretrain, save_run,
-)
+from course_lib.distributed import RUN_CHECKPOINT_FORMAT, accumulation_steps, flops_per_token, load_run, save_run
 from course_lib.model import GPTModel
+from course_lib.pretrain import (PRESETS, RunConfig, evaluate_shards, main, matmul_peak, pick_device_and_backend,
+                                 pretrain)
 from course_lib.shards import (HEADER_BYTES, SHARD_MAGIC, ShardHeader, ShardLoader, prepare, read_header, read_shard,
                                write_shard)
 from course_lib.tokenization import EOS_ID
@@ -818,7 +817,8 @@ def test_reading_the_loss_every_few_steps_records_every_step(char_data, tmp_path
 def test_a_padded_vocabulary_is_the_same_function(char_data, tmp_path):
     """vocab_multiple=128: the model has 128 rows for the 65 characters; the padding rows start at zero and stay
     zero through training (no gradient reaches them), and the loss equals that of the real rows alone."""
-    from course_lib.distributed import build_run, real_vocab
+    from course_lib.distributed import real_vocab
+    from course_lib.pretrain import build_run
     from course_lib.training import batch_loss
     run = run_config(char_data, tmp_path / "padded", vocab_multiple=128)
     pretrain(run, progress=False)
@@ -846,7 +846,7 @@ def test_the_compiled_run_ends_with_the_eager_loss(char_data, tmp_path):
 def test_the_fused_optimizer_is_for_gpus_only():
     """The CPU keeps AdamW's default implementation (the shipped models' rebuilds stay bit-exact); make_optimizer's
     fused switch is a bool."""
-    from course_lib.distributed import build_run  # noqa: F401 (the CPU path is what build_run takes here)
+    from course_lib.pretrain import build_run  # noqa: F401 (the CPU path is what build_run takes here)
     model = GPTModel(PRESETS["shakespeare-char"][0])
     assert make_optimizer(model, PRESETS["shakespeare-char"][1]).defaults["fused"] in (None, False)
     assert make_optimizer(model, PRESETS["shakespeare-char"][1], fused=True).defaults["fused"] is True

@@ -1,7 +1,7 @@
-"""Issue 30: every public door of course_lib.distributed and course_lib.shards, called the way a user who has not
-read the code might. One table of cases: ("error", type, fragment of our message naming the argument) or
-("result", check). `python tests/test_doors_distributed.py` prints the counts of clear errors, correct results,
-unclear errors and silent wrong answers."""
+"""Issue 30: every public door of course_lib.distributed and course_lib.shards, and the checks of the pretraining
+command (course_lib.pretrain), called the way a user who has not read the code might. One table of cases: ("error",
+type, fragment of our message naming the argument) or ("result", check). `python tests/test_doors_distributed.py`
+prints the counts of clear errors, correct results, unclear errors and silent wrong answers."""
 
 import dataclasses
 import math
@@ -13,10 +13,10 @@ import torch
 
 from course_lib.config import GPTConfig
 from course_lib.distributed import (
-    PRESETS, RunConfig, accumulation_steps, environment, evaluate_shards, flops_per_token, load_run, matmul_peak,
-    padded_gpt, pick_device_and_backend, pretrain, real_vocab, save_run,
+    accumulation_steps, environment, flops_per_token, load_run, padded_gpt, real_vocab, save_run,
 )
 from course_lib.model import GPTModel
+from course_lib.pretrain import PRESETS, RunConfig, evaluate_shards, matmul_peak, pick_device_and_backend, pretrain
 from course_lib.shards import (
     HEADER_BYTES, ShardLoader, prepare, rank_windows, read_header, read_shard, write_shard,
 )

@@ -222,13 +222,20 @@ def _rng_state(state) -> bool:
         return False
 
 
+def readable(name: str, payload, why_and_fix: str) -> None:
+    """Refuse what load_payload read if it is the error torch.load raised (a truncated zip, a pickle error, another
+    file type: all mean "not readable"): '<name> cannot be read (<its first sentence>): <why_and_fix>'. The one
+    refusal of an unreadable file for both kinds of checkpoint, notebook 09's and notebook 13's."""
+    if isinstance(payload, Exception):
+        reason = str(payload).split(". ")[0].strip() or type(payload).__name__  # the first sentence is enough
+        raise ValueError(f"{name} cannot be read ({reason}): {why_and_fix}") from payload
+
+
 def read_checkpoint(path, payload, keys: tuple[str, ...], version: str) -> dict:
     """What torch.load read from path (or the error it raised): a checkpoint of this version, every entry of its
     kind; returns the payload."""
-    if isinstance(payload, Exception):  # a truncated zip, a pickle error, another file type: all mean "not readable"
-        reason = str(payload).split(". ")[0].strip() or type(payload).__name__  # the first sentence is enough
-        raise checkpoint_error(path, f"cannot be read ({reason}): the file is truncated or is not a checkpoint, e.g. "
-                               "a copy or save was interrupted") from payload
+    readable(f"checkpoint {path}", payload, "the file is truncated or is not a checkpoint, e.g. a copy or save was "
+             "interrupted; save it again with save_checkpoint(...)")
     found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
     if found != version:
         raise checkpoint_error(path, f"has format {found!r}, not this version's {version!r}")
