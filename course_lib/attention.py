@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from fancy_einsum import einsum
-from fastcore.basics import patch
 from torch import Tensor, nn
 
 from .config import GPTConfig
@@ -123,10 +122,19 @@ class MultiHeadAttention(MultiHeadAttentionEinsum):
     """Causal multi-head self-attention as GPT-2 runs it: MultiHeadAttentionEinsum's parameters and
     attention_weights, with forward computing the same function in one call of F.scaled_dot_product_attention."""
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, kv_cache: "KVCache | None" = None, may_attend: Tensor | None = None) -> Tensor:
+        """(batch, tokens, emb_dim) -> (batch, tokens, emb_dim). kv_cache (section 8): the new tokens' keys and
+        values are appended to it, and the new tokens attend to every cached position too. may_attend (True = may
+        attend, broadcastable to (batch, n_heads, tokens, cached + tokens)) replaces the causal rule."""
         queries, keys, values = (self.split_heads(layer(x))  # each (batch, n_heads, tokens, head_dim)
                                  for layer in (self.W_query, self.W_key, self.W_value))
-        context = F.scaled_dot_product_attention(queries, keys, values, is_causal=True,
+        cached = 0 if kv_cache is None else len(kv_cache)  # positions this layer has already seen
+        if kv_cache is not None:
+            keys, values = kv_cache.append(keys, values)  # (batch, n_heads, cached + tokens, head_dim)
+        if may_attend is None and cached > 0:  # new token i sits at position cached + i: it sees 0 .. cached + i
+            may_attend = ~self.future_mask[cached:cached + x.shape[1], :cached + x.shape[1]]
+        context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=may_attend,
+                                                 is_causal=may_attend is None,
                                                  dropout_p=self.drop_rate if self.training else 0.0)
         return self.merge_heads(context)  # (batch, tokens, emb_dim)
 
@@ -162,22 +170,3 @@ class KVCache:
         door.crop(length)  # an int >= 0
         if len(self) > length:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
-
-# %% ../notebooks/05_attention.ipynb #mha-cached-forward
-@patch
-def forward(self: MultiHeadAttention, x: Tensor, kv_cache: KVCache | None = None,
-            may_attend: Tensor | None = None) -> Tensor:
-    """forward(x) as in section 5; with kv_cache, the new tokens' keys and values are appended to the cache and
-    the new tokens attend to every cached position too. may_attend (True = may attend, broadcastable to
-    (batch, n_heads, tokens, cached + tokens)) replaces the causal rule."""
-    queries, keys, values = (self.split_heads(layer(x)) for layer in (self.W_query, self.W_key, self.W_value))
-    cached = 0 if kv_cache is None else len(kv_cache)  # positions this layer has already seen
-    if kv_cache is not None:
-        keys, values = kv_cache.append(keys, values)  # (batch, n_heads, cached + tokens, head_dim)
-    if may_attend is None and cached > 0:  # new token i sits at position cached + i: it sees 0 .. cached + i
-        may_attend = ~self.future_mask[cached:cached + x.shape[1], :cached + x.shape[1]]
-    context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=may_attend,
-                                             is_causal=may_attend is None,
-                                             dropout_p=self.drop_rate if self.training else 0.0)
-    return self.merge_heads(context)  # (batch, tokens, emb_dim)
-

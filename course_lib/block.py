@@ -20,15 +20,23 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.norm1 = LayerNorm(cfg.emb_dim)
-        self.att = MultiHeadAttention(cfg)  # calls F.scaled_dot_product_attention
-        self.norm2 = LayerNorm(cfg.emb_dim)
-        self.ff = FeedForward(cfg)
+        self.norm1 = self.make_norm(cfg)
+        self.att = self.make_attention(cfg)  # calls F.scaled_dot_product_attention
+        self.norm2 = self.make_norm(cfg)
+        self.ff = self.make_feedforward(cfg)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, may_attend: Tensor | None = None) -> Tensor:
+    # the parts, one method each: a variant of GPT-2 (notebook 16's ModernBlock) overrides the ones it changes
+    def make_norm(self, cfg: GPTConfig) -> nn.Module: return LayerNorm(cfg.emb_dim)
+    def make_attention(self, cfg: GPTConfig) -> nn.Module: return MultiHeadAttention(cfg)
+    def make_feedforward(self, cfg: GPTConfig) -> nn.Module: return FeedForward(cfg)
+
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, may_attend: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
         """(batch, tokens, emb_dim) -> (batch, tokens, emb_dim); kv_cache and may_attend go to the attention
-        layer (notebook 05, section 8): the new tokens also attend to the cached positions."""
+        layer (notebook 05, section 8): the new tokens also attend to the cached positions. positions, the
+        tokens' positions, are unused here: GPT-2 adds them at the embedding (notebook 16's rotary block uses them)."""
         x = x + self.drop_shortcut(self.att(self.norm1(x), kv_cache, may_attend))  # attention + shortcut
         x = x + self.drop_shortcut(self.ff(self.norm2(x)))  # feed-forward sub-layer + shortcut
         return x  # (batch, tokens, emb_dim)
+

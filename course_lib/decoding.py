@@ -2,10 +2,9 @@
 
 # %% auto #0
 __all__ = ['SHAKESPEARE_DRAFT_DIR', 'ngrams', 'distinct_n', 'repeated_ngram_share', 'penalize_repetition', 'ban_repeated_ngrams',
-           'penalize_frequency', 'min_p_filter', 'penalize', 'warp_logits', 'choose_token', 'stream_tokens',
-           'generate_tokens', 'stream_text', 'BeamSearchResult', 'best_extensions', 'search_is_over', 'beam_search',
-           'left_pad', 'positions_after_padding', 'padding_may_attend', 'next_token_probs', 'SpeculativeResult', 'draw',
-           'draft_logits', 'accept_drafts', 'speculative_generate']
+           'penalize_frequency', 'min_p_filter', 'penalize', 'choose_token', 'stream_tokens', 'generate_tokens',
+           'stream_text', 'BeamSearchResult', 'best_extensions', 'search_is_over', 'beam_search', 'left_pad',
+           'next_token_probs', 'SpeculativeResult', 'draw', 'draft_logits', 'accept_drafts', 'speculative_generate']
 
 # %% ../notebooks/11_decoding.ipynb #a175eace
 from collections.abc import Iterator
@@ -13,13 +12,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from fastcore.basics import patch
 from torch import Tensor
 
 from .attention import KVCache
 from .doors import decoding as door
-from .generation import (eval_mode, next_token_logits, sample_next_token, scale_logits, top_k_filter,
-                                   top_p_filter)
+from .generation import eval_mode, next_token_logits, sample_next_token, warp_logits
 from .model import GPTModel
 from .tokenization import DATA_DIR
 
@@ -99,26 +96,17 @@ def penalize(logits: Tensor, token_ids: Tensor, prompt_len: int, repetition_pena
         logits = penalize_frequency(logits, token_ids[:, prompt_len:], frequency_penalty, presence_penalty)
     return logits
 
-# %% ../notebooks/11_decoding.ipynb #a8136899-2
-def warp_logits(logits: Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None,
-                min_p: float | None = None) -> Tensor:
-    """Temperature (> 0), then top-k, top-p and min-p, in Hugging Face's order: the logits a token is drawn from."""
-    logits = scale_logits(logits, temperature)
-    if top_k is not None:
-        logits = top_k_filter(logits, top_k)
-    if top_p is not None:
-        logits = top_p_filter(logits, top_p)
-    if min_p is not None:
-        logits = min_p_filter(logits, min_p)
-    return logits
-
 # %% ../notebooks/11_decoding.ipynb #a8136899-3
 def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
                  min_p: float | None, generator: torch.Generator | None) -> Tensor:
-    """sample_next_token, with min-p after top-p: (batch, vocab_size) -> (batch, 1); temperature 0 is greedy."""
+    """sample_next_token, with min-p after notebook 08's warp_logits: (batch, vocab_size) -> (batch, 1);
+    temperature 0 is greedy."""
     if temperature == 0:
         return sample_next_token(logits)  # the argmax
-    return sample_next_token(warp_logits(logits, temperature, top_k, top_p, min_p), 1.0, generator=generator)
+    logits = warp_logits(logits, temperature, top_k, top_p)  # notebook 08's chain
+    if min_p is not None:
+        logits = min_p_filter(logits, min_p)
+    return sample_next_token(logits, 1.0, generator=generator)
 
 # %% ../notebooks/11_decoding.ipynb #a9674537
 @torch.no_grad()
@@ -256,44 +244,6 @@ def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str |
     attention_mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device)
     return token_ids, attention_mask
 
-# %% ../notebooks/11_decoding.ipynb #positions-after-padding
-def positions_after_padding(attention_mask: Tensor, tokens: int) -> Tensor:
-    """The positions (batch, tokens) of the last `tokens` columns of rows padded on the left: a row's first real
-    token is position 0, as if the row were alone. Pads get 0 too; no real token attends to them."""
-    door.positions_after_padding(attention_mask, tokens)  # (batch, tokens so far), padded on the left
-    real = attention_mask.long()  # (batch, tokens so far)
-    pads = (real == 0).sum(dim=1, keepdim=True)  # (batch, 1): the pads in front of each prompt
-    columns = torch.arange(real.shape[1] - tokens, real.shape[1], device=real.device)  # (tokens,)
-    return (columns - pads).clamp(min=0)  # (batch, tokens)
-
-# %% ../notebooks/11_decoding.ipynb #padding-may-attend
-def padding_may_attend(attention_mask: Tensor, tokens: int) -> Tensor:
-    """may_attend (batch, 1, tokens, tokens so far) for the last `tokens` columns of attention_mask: causal, and no
-    real token attends to a pad; a pad keeps its causal row (never read, but never empty either)."""
-    door.mask_columns(attention_mask, tokens)  # (batch, tokens so far), tokens <= its columns
-    real = attention_mask.bool()  # (batch, cached + tokens)
-    cached = real.shape[1] - tokens
-    causal = torch.ones(tokens, real.shape[1], dtype=torch.bool, device=real.device).tril(cached)  # (tokens, all)
-    return (causal & (real[:, None, :] | ~real[:, cached:, None]))[:, None]  # (batch, 1, tokens, all)
-
-# %% ../notebooks/11_decoding.ipynb #gpt-forward-padded
-@patch
-def forward(self: GPTModel, token_ids: Tensor, kv_caches: list[KVCache] | None = None, last_only: bool = False,
-            attention_mask: Tensor | None = None) -> Tensor:
-    """Notebook 08's forward, plus attention_mask (batch, cached + tokens): 1 for real tokens, 0 for padding on the
-    left of shorter prompts; pads are hidden from attention and each row's positions start at its first real token."""
-    start_pos = door.forward_args(self, token_ids, kv_caches, last_only, attention_mask)  # cached positions
-    positions = may_attend = None
-    if attention_mask is not None:
-        positions = positions_after_padding(attention_mask, token_ids.shape[1])  # (batch, tokens)
-        may_attend = padding_may_attend(attention_mask, token_ids.shape[1])  # (batch, 1, tokens, all)
-    x = self.embedding(token_ids, start_pos, positions)  # (batch, tokens, emb_dim)
-    for i, block in enumerate(self.trf_blocks):
-        x = block(x, None if kv_caches is None else kv_caches[i], may_attend)
-    if last_only:
-        x = x[:, -1:, :]  # (batch, 1, emb_dim)
-    return self.out_head(self.final_norm(x))  # (batch, tokens or 1, vocab_size)
-
 # %% ../notebooks/11_decoding.ipynb #d927599b
 def next_token_probs(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
     """The distribution that sample_next_token draws from, (rows, vocab_size) in float32: temperature, top-k and
@@ -390,6 +340,8 @@ from .doors import moved
 __getattr__ = moved(__name__, {"check_history": "course_lib.doors.decoding:history",
                                "check_decoding_args": "course_lib.doors.decoding:decoding_args",
                                "check_beam_args": "course_lib.doors.decoding:beam_search",
-                               "check_mask_columns": "course_lib.doors.decoding:mask_columns",
-                               "check_left_padding": "course_lib.doors.decoding:left_padding",
-                               "check_speculative_args": "course_lib.doors.decoding:speculative_args"})
+                               "check_mask_columns": "course_lib.doors.model:mask_columns",
+                               "check_left_padding": "course_lib.doors.model:left_padding",
+                               "check_speculative_args": "course_lib.doors.decoding:speculative_args",
+                               "positions_after_padding": "course_lib.model:positions_after_padding",
+                               "padding_may_attend": "course_lib.model:padding_may_attend"})

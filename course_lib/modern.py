@@ -18,12 +18,12 @@ from fastcore.basics import patch
 from torch import Tensor, nn
 
 from .attention import KVCache
+from .block import TransformerBlock
 from .config import GPTConfig
-from .decoding import padding_may_attend, positions_after_padding
 from .doors import modern as door
 from .embeddings import GPTEmbedding
 from .feedforward import FeedForward
-from .model import GPTModel, init_gpt2_weights
+from .model import GPTModel
 from .normalization import LayerNorm
 from .pretrained import folder_files, read_hf_files
 from .training import TrainConfig, evaluate, make_optimizer, train
@@ -219,17 +219,17 @@ def kv_cache_bytes(cfg: ModernConfig, tokens: int, batch: int = 1, bytes_per_num
     return 2 * cfg.n_layers * batch * tokens * cfg.kv_heads * cfg.dim_per_head * bytes_per_number
 
 # %% ../notebooks/16_modern_llm.ipynb #modern-block
-class ModernBlock(nn.Module):
-    """A pre-norm block built from a ModernConfig: x + att(norm1(x), positions), then x + ff(norm2(x))."""
+class ModernBlock(TransformerBlock):
+    """Notebook 06's pre-norm block with its parts made by a ModernConfig (the module functions make_norm and
+    make_feedforward of sections 2 and 4), and the positions handed to attention, where rotary needs them."""
 
     def __init__(self, cfg: ModernConfig):
         door.modern_config(cfg)
-        super().__init__()
-        self.norm1 = make_norm(cfg, cfg.emb_dim)
-        self.att = GroupedQueryAttention(cfg)
-        self.norm2 = make_norm(cfg, cfg.emb_dim)
-        self.ff = make_feedforward(cfg)
-        self.drop_shortcut = nn.Dropout(cfg.drop_rate)
+        super().__init__(cfg)
+
+    def make_norm(self, cfg: ModernConfig) -> nn.Module: return make_norm(cfg, cfg.emb_dim)
+    def make_attention(self, cfg: ModernConfig) -> nn.Module: return GroupedQueryAttention(cfg)
+    def make_feedforward(self, cfg: ModernConfig) -> nn.Module: return make_feedforward(cfg)
 
     def forward(self, x: Tensor, positions: Tensor, kv_cache: KVCache | None = None,
                 may_attend: Tensor | None = None) -> Tensor:
@@ -252,42 +252,19 @@ class TokenEmbedding(nn.Module):
         return self.drop_emb(self.tok_emb(token_ids))  # (batch, tokens, emb_dim)
 
 # %% ../notebooks/16_modern_llm.ipynb #modern-gpt
-class ModernGPT(nn.Module):
-    """GPTModel's layout (embedding, trf_blocks, final_norm, out_head) with every part chosen by a ModernConfig,
-    initialised as GPT-2 (init_gpt2_weights)."""
+class ModernGPT(GPTModel):
+    """GPTModel with every part chosen by a ModernConfig: the same layout and names (embedding, trf_blocks,
+    final_norm, out_head), GPT-2's initialisation, and GPTModel's forward and new_kv_caches, inherited."""
 
     def __init__(self, cfg: ModernConfig):
         door.modern_config(cfg)
-        super().__init__()
-        self.cfg = cfg
-        self.embedding = GPTEmbedding(cfg) if cfg.positions == "learned" else TokenEmbedding(cfg)
-        self.trf_blocks = nn.ModuleList(ModernBlock(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = make_norm(cfg, cfg.emb_dim)
-        self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)
-        init_gpt2_weights(self)
-        if cfg.tie_weights:
-            self.out_head.weight = self.embedding.tok_emb.weight
+        super().__init__(cfg)
 
-    new_kv_caches = GPTModel.new_kv_caches  # notebook 08's: one empty KVCache per block in trf_blocks
+    def make_embedding(self, cfg: ModernConfig) -> nn.Module:
+        return GPTEmbedding(cfg) if cfg.positions == "learned" else TokenEmbedding(cfg)
 
-# %% ../notebooks/16_modern_llm.ipynb #modern-forward
-@patch
-def forward(self: ModernGPT, token_ids: Tensor, kv_caches: list[KVCache] | None = None, last_only: bool = False,
-            attention_mask: Tensor | None = None) -> Tensor:
-    """GPTModel's forward of notebook 11: ids (batch, tokens) -> logits (batch, tokens or 1, vocab_size), with
-    kv_caches and a left-padding attention_mask; every block gets the tokens' positions."""
-    start_pos = door.forward_args(self, token_ids, kv_caches, last_only, attention_mask)  # the cached positions
-    positions = torch.arange(start_pos, start_pos + token_ids.shape[1], device=token_ids.device)  # (tokens,): next
-    may_attend = None
-    if attention_mask is not None:
-        positions = positions_after_padding(attention_mask, token_ids.shape[1])  # (batch, tokens)
-        may_attend = padding_may_attend(attention_mask, token_ids.shape[1])  # (batch, 1, tokens, all)
-    x = self.embedding(token_ids, start_pos, None if attention_mask is None else positions)  # (batch, tokens, emb)
-    for i, block in enumerate(self.trf_blocks):
-        x = block(x, positions, None if kv_caches is None else kv_caches[i], may_attend)
-    if last_only:
-        x = x[:, -1:, :]  # (batch, 1, emb_dim)
-    return self.out_head(self.final_norm(x))  # (batch, tokens or 1, vocab_size)
+    def make_block(self, cfg: ModernConfig) -> nn.Module: return ModernBlock(cfg)
+    def make_norm(self, cfg: ModernConfig) -> nn.Module: return make_norm(cfg, cfg.emb_dim)
 
 # %% ../notebooks/16_modern_llm.ipynb #config-from-hf
 HF_MODEL_TYPES = ("llama", "qwen3")  # the config.json model_type values load_modern reads

@@ -8,7 +8,7 @@ from torch import nn
 from course_lib.attention import (CausalAttention, KVCache, MultiHeadAttention, MultiHeadAttentionEinsum,
                                   MultiHeadAttentionWrapper, copy_fused_weights_to_wrapper)
 from course_lib.config import GPTConfig
-from course_lib.decoding import padding_may_attend
+from course_lib.model import padding_may_attend
 
 EMB, CONTEXT, HEADS = 16, 10, 4
 HEAD_DIM = EMB // HEADS

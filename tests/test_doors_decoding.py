@@ -10,11 +10,12 @@ import torch
 from course_lib.config import GPTConfig
 from course_lib.decoding import (BeamSearchResult, accept_drafts, ban_repeated_ngrams, beam_search, best_extensions,
                                  choose_token, distinct_n, draft_logits, draw, generate_tokens, left_pad, min_p_filter,
-                                 next_token_probs, ngrams, padding_may_attend, penalize, penalize_frequency,
-                                 penalize_repetition, positions_after_padding, repeated_ngram_share, search_is_over,
-                                 speculative_generate, stream_text, stream_tokens, warp_logits)
+                                 next_token_probs, ngrams, penalize, penalize_frequency,
+                                 penalize_repetition, repeated_ngram_share, search_is_over,
+                                 speculative_generate, stream_text, stream_tokens)
 from course_lib.doors import decoding as door
-from course_lib.model import GPTModel
+from course_lib.generation import warp_logits
+from course_lib.model import GPTModel, padding_may_attend, positions_after_padding
 from course_lib.tokenization import CharTokenizer
 
 from doors import door_tests, error, report, result
@@ -102,7 +103,7 @@ CASES = {
                                      error(ValueError, "prompt_len")),
     "penalize on meta reads no value": (lambda: penalize(torch.zeros(2, 5, device="meta"), torch.zeros(
         2, 3, dtype=torch.long, device="meta"), 1, 1.2, 0, 0.5, 0.5), result(lambda r: r.device.type == "meta")),
-    "warp on meta reads no value": (lambda: warp_logits(torch.zeros(2, 5, device="meta"), 0.8, 3, 0.9, 0.05),
+    "warp on meta reads no value": (lambda: min_p_filter(warp_logits(torch.zeros(2, 5, device="meta"), 0.8, 3, 0.9), 0.05),
                                     result(lambda r: r.shape == (2, 5) and r.device.type == "meta")),
     "warp top_k": (lambda: torch.isinf(warp_logits(LOGITS, 1.0, top_k=2)),
                    result(lambda r: r.tolist() == [[True, True, False, True, False]])),

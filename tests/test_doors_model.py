@@ -10,7 +10,7 @@ from torch import nn
 
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
-from course_lib.doors.generation import forward_args
+from course_lib.doors.model import forward_args
 from course_lib.generation import StaticKVCache
 from course_lib.model import GPTModel, init_gpt2_weights, trace_shapes
 
@@ -21,9 +21,6 @@ torch.manual_seed(0)
 MODEL = GPTModel(CFG).eval()
 IDS = torch.tensor([[1, 2, 3]])
 FULL = MODEL(IDS).detach()  # (1, 3, 50)
-# Notebook 11 replaces notebook 08's forward with one that adds attention_mask; until it calls forward_args (08's
-# door, course_lib/doors/generation.py) for its checks, the cases below that only that door makes are expected to fail
-# through model(...).
 
 
 def logits_like(expected):

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from course_lib.attention import KVCache
 from course_lib.config import GPT2_CONFIGS, GPTConfig
-from course_lib.decoding import padding_may_attend, positions_after_padding
-from course_lib.model import GPTModel, init_gpt2_weights, trace_shapes
+from course_lib.model import GPTModel, init_gpt2_weights, padding_may_attend, positions_after_padding, trace_shapes
 
 SMALL = GPTConfig(vocab_size=500, context_length=16, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
 
@@ -304,7 +303,7 @@ def test_a_left_padded_batch_gives_each_row_its_own_logits():
 
 
 def test_a_left_padded_batch_through_the_caches_gives_each_row_its_own_logits():
-    """The patched forward with kv_caches and attention_mask together: the prompt, then one token at a time, each
+    """The forward with kv_caches and attention_mask together: the prompt, then one token at a time, each
     row equal to its own prompt run alone without a cache."""
     torch.manual_seed(0)
     model = GPTModel(GPTConfig(vocab_size=50, context_length=16, emb_dim=32, n_heads=4, n_layers=2,
@@ -329,8 +328,8 @@ def test_the_model_passes_padding_may_attend_to_every_block(monkeypatch):
     model = small_model()
     for i, block in enumerate(model.trf_blocks):
         original = block.forward
-        monkeypatch.setattr(block, "forward", lambda x, kv_cache=None, may_attend=None, _f=original:
-                            seen.append(may_attend) or _f(x, kv_cache, may_attend))
+        monkeypatch.setattr(block, "forward", lambda x, kv_cache=None, may_attend=None, positions=None, _f=original:
+                            seen.append(may_attend) or _f(x, kv_cache, may_attend, positions))
     mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
     model(torch.tensor([[0, 5, 6], [7, 8, 9]]), attention_mask=mask)
     assert len(seen) == SMALL.n_layers and all(torch.equal(m, padding_may_attend(mask, 3)) for m in seen)
@@ -340,12 +339,16 @@ def test_the_model_passes_padding_may_attend_to_every_block(monkeypatch):
 
 
 def test_gpt_model_from_its_own_module_is_the_complete_class():
-    """`from course_lib.model import GPTModel` alone, in a fresh interpreter: the package's __init__ imports the
-    modules whose @patch completes the class, so its forward takes kv_caches, last_only and attention_mask."""
+    """`from course_lib.model import GPTModel` alone, in a fresh interpreter, imports no later lesson (the package's
+    __init__ imports nothing for a side effect, and no later module replaces the method): notebook 07's class
+    itself takes kv_caches, last_only and attention_mask, and runs a cached, padded forward."""
     code = """
-import inspect, torch
+import inspect, sys, torch
 from course_lib.model import GPTModel
 from course_lib.config import GPTConfig
+later = [name for name in ("course_lib.generation", "course_lib.decoding", "course_lib.modern") if name in sys.modules]
+assert not later, later
+assert "forward" in GPTModel.__dict__ and "new_kv_caches" in GPTModel.__dict__
 assert list(inspect.signature(GPTModel.forward).parameters) == ["self", "token_ids", "kv_caches", "last_only",
                                                                 "attention_mask"], inspect.signature(GPTModel.forward)
 model = GPTModel(GPTConfig(vocab_size=50, context_length=8, emb_dim=8, n_heads=2, n_layers=1, drop_rate=0.0)).eval()
@@ -354,6 +357,13 @@ with torch.no_grad():
     padded = model(ids, attention_mask=mask)
     assert torch.allclose(padded[0, 1:], model(torch.tensor([[5, 6]]))[0], atol=1e-5)
     assert model(ids, kv_caches=model.new_kv_caches(), last_only=True, attention_mask=mask).shape == (2, 1, 50)
+    caches = model.new_kv_caches()  # a cached, padded batch: the prompt, then one token
+    model(ids, kv_caches=caches, attention_mask=mask)
+    step = model(torch.tensor([[4], [3]]), kv_caches=caches, attention_mask=torch.cat([mask, torch.ones(2, 1)], 1).long())
+    full = model(torch.tensor([[0, 5, 6, 4], [7, 8, 9, 3]]), attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    assert torch.allclose(step[:, -1], full[:, -1], atol=1e-5)
+later = [name for name in ("course_lib.generation", "course_lib.decoding", "course_lib.modern") if name in sys.modules]
+assert not later, later
 print("complete")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -636,7 +636,13 @@ def test_load_modern_takes_a_tied_head_stored_twice_only_when_equal(tmp_path):
 
 
 def test_modern_gpt_shares_gpt_models_new_kv_caches():
-    assert ModernGPT.new_kv_caches is GPTModel.new_kv_caches
+    """ModernGPT and ModernBlock extend the GPT-2 classes: the forward and new_kv_caches are GPTModel's, inherited,
+    and the modern classes override only the methods that build the parts (and the block's attention call)."""
+    from course_lib import modern
+    from course_lib.block import TransformerBlock
+    assert issubclass(ModernGPT, GPTModel) and issubclass(modern.ModernBlock, TransformerBlock)
+    assert {"forward", "new_kv_caches"}.isdisjoint(vars(ModernGPT))
+    assert ModernGPT.forward is GPTModel.forward and ModernGPT.new_kv_caches is GPTModel.new_kv_caches
     caches = ModernGPT(small()).new_kv_caches()
     assert len(caches) == 2 and all(len(cache) == 0 for cache in caches)
 

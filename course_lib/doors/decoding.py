@@ -11,9 +11,10 @@ import torch
 from torch import Tensor
 
 from . import generation as generation_door
+from .model import left_padding  # the padding mask's door, GPTModel.forward's (doors/model.py)
 from ..config import GPTConfig
 from ..guards import (as_device, require_attention_mask, require_int, require_number, require_token_tensor,
-                      require_type, values_readable)
+                      require_type)
 
 SCORE_RANGE = 1e30  # beam scores (float32) are divided by length ** length_penalty: it stays within 1e-30 .. 1e30
 
@@ -84,17 +85,6 @@ def penalize(token_ids, prompt_len) -> None:
     if isinstance(token_ids, Tensor) and prompt_len > token_ids.shape[-1]:
         raise ValueError(f"prompt_len {prompt_len} is more than the {token_ids.shape[-1]} tokens of token_ids: pass "
                          "how many of its first tokens are the prompt")
-
-
-def left_padding(attention_mask: Tensor) -> None:
-    """Every row: its 0s (pads) first, then 1s up to the newest token. The values are read only where that is free,
-    on the CPU outside torch.compile; stream_tokens reads a GPU mask once, at its door, not in every forward."""
-    real = attention_mask.long()  # (batch, tokens so far)
-    if not values_readable(real):
-        return
-    if bool((real[:, 1:] < real[:, :-1]).any()) or not bool(real[:, -1].all()):
-        raise ValueError("attention_mask must pad on the left: in every row the 0s (pads) come first, then 1s up "
-                         "to the newest token (right padding would put pads between a prompt and its continuation)")
 
 
 def stream_tokens(model, token_ids, max_new_tokens, context_length, temperature, top_k, top_p, min_p,
@@ -201,35 +191,6 @@ def left_pad(prompts, pad_id, device) -> torch.device | None:
                         "[tokenizer.encode(text) for text in texts]")
     require_int("pad_id", pad_id, minimum=0)
     return None if device is None else as_device(device)
-
-
-def mask_columns(attention_mask, tokens) -> None:
-    """attention_mask (batch, tokens so far), a tensor, and tokens: how many of its last columns are the new tokens."""
-    if not isinstance(attention_mask, Tensor):
-        raise TypeError(f"attention_mask must be a tensor of 1s (real tokens) and 0s (padding), as left_pad returns, "
-                        f"got {type(attention_mask).__name__}")
-    if attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be (batch, tokens so far), got shape {tuple(attention_mask.shape)}")
-    require_int("tokens", tokens, minimum=0)
-    if tokens > attention_mask.shape[1]:
-        raise ValueError(f"tokens {tokens} is more than the {attention_mask.shape[1]} columns of attention_mask: the "
-                         "mask covers every token so far, the new ones included")
-
-
-def positions_after_padding(attention_mask, tokens) -> None:
-    mask_columns(attention_mask, tokens)
-    left_padding(attention_mask)
-
-
-def forward_args(model, token_ids, kv_caches, last_only, attention_mask) -> int:
-    """GPTModel.forward (notebook 11): notebook 08's door, and a padding mask (batch, cached + tokens) on the ids'
-    device that pads on the left (its values read only on the CPU, outside torch.compile); returns the number of
-    cached positions."""
-    start_pos = generation_door.forward_args(model, token_ids, kv_caches, last_only)
-    if attention_mask is not None:
-        require_attention_mask(attention_mask, (token_ids.shape[0], start_pos + token_ids.shape[1]), token_ids.device)
-        left_padding(attention_mask)
-    return start_pos
 
 
 def next_token_probs(logits, temperature, top_k, top_p) -> None:

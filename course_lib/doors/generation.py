@@ -1,6 +1,6 @@
-"""Not a lesson: the doors of notebook 08 (course_lib/generation.py): the cached forward's token ids and caches, the
-generation loops' model, prompt, lengths and end token, the samplers' logits, temperature, top-k and top-p, and the
-caches and the fixed-shape decoder that notebook 08 builds.
+"""Not a lesson: the doors of notebook 08 (course_lib/generation.py): the generation loops' model, prompt, lengths and
+end token, the samplers' logits, temperature, top-k and top-p, and the caches and the fixed-shape decoder that
+notebook 08 builds. The doors of the cached forward live with GPTModel's (doors/model.py).
 
 Values inside tensors are read only where that is free (a CPU tensor, outside torch.compile): on a GPU a read would
 make the host wait for the device, and in a compiled graph it would break the graph."""
@@ -10,52 +10,11 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..attention import KVCache
 from ..config import GPTConfig
-from ..guards import require_bool, require_int, require_number, require_token_tensor, require_type, values_readable
+from ..guards import require_int, require_number, require_token_tensor, require_type, values_readable
 from ..model import GPTModel
 from ..tokenization import EOS_ID
-
-
-def cache_list(kv_caches, n_blocks: int) -> None:
-    """None, or a list of one KVCache per block, all holding the same positions: a missing cache or a half-filled
-    set would silently give the new tokens wrong positions or no memory of the earlier ones."""
-    if kv_caches is None:
-        return
-    if (not isinstance(kv_caches, (list, tuple)) or len(kv_caches) != n_blocks
-            or any(not isinstance(cache, KVCache) or len(cache) != len(kv_caches[0]) for cache in kv_caches)):
-        raise ValueError(f"kv_caches must be model.new_kv_caches(): one cache per block ({n_blocks}), all holding "
-                         "the same positions; start again with new ones")
-
-
-def static_append(cache, rows: int, new: int) -> None:
-    """StaticKVCache.append of `new` positions for `rows` sequences: room for them, and the batch the stores were
-    allocated for (new keys of another batch would broadcast into them, silently). Shapes only, no device read."""
-    start, end = len(cache), len(cache) + new
-    if end > cache.capacity:
-        raise ValueError(f"{start} cached + {new} new positions > capacity {cache.capacity}: create "
-                         "StaticKVCache(capacity) with room for the prompt and every new token, or crop() it")
-    if cache.key_store is not None and rows != cache.key_store.shape[0]:
-        raise ValueError(f"this StaticKVCache holds {cache.key_store.shape[0]} rows (sequences), the new keys "
-                         f"{rows} rows: a set of caches serves one batch; start again with new ones")
-
-
-def forward_args(model, token_ids: Tensor, kv_caches: list[KVCache] | None, last_only: bool) -> int:
-    """GPTModel.forward (notebook 08): raise a clear error for token ids, caches or a last_only that forward cannot
-    use; return the number of cached positions, where the new tokens start. Static caches are checked here for room
-    and batch, all of them before any block appends, so that a refused call writes nothing."""
-    cache_list(kv_caches, len(model.trf_blocks))
-    require_bool("last_only", last_only)  # "no" would be truthy: the last position only, silently
-    start_pos = 0 if kv_caches is None else len(kv_caches[0])  # new tokens continue after the cached ones
-    require_token_tensor("token_ids", token_ids, dims=2, vocab_size=model.cfg.vocab_size,
-                         device=model.out_head.weight.device, max_tokens=model.cfg.context_length - start_pos)
-    if kv_caches and kv_caches[0].keys is not None and kv_caches[0].keys.shape[0] != token_ids.shape[0]:
-        raise ValueError(f"kv_caches hold {kv_caches[0].keys.shape[0]} rows (sequences) but token_ids has "
-                         f"{token_ids.shape[0]} rows: a set of caches serves one batch; start again with new ones")
-    for cache in kv_caches or ():
-        if hasattr(cache, "capacity") and hasattr(cache, "key_store"):  # a StaticKVCache (notebook 08)
-            static_append(cache, token_ids.shape[0], token_ids.shape[1])
-    return start_pos
+from .model import cache_list, static_append  # the caches' doors, GPTModel.forward's too (doors/model.py)
 
 
 def generation_args(model: nn.Module, token_ids: Tensor, max_new_tokens: int, context_length: int | None,

@@ -1,5 +1,5 @@
 """Not a lesson: the doors of notebook 16 (course_lib/modern.py): a ModernConfig's new fields, the config every part
-of a modern model is built from, the forward's token ids, caches and padding mask, a Hugging Face Llama or Qwen3
+of a modern model is built from (its forward is GPTModel's, with GPTModel's door), a Hugging Face Llama or Qwen3
 folder (its config.json and its tensors, refused before anything is built), Muon's groups and hyperparameters, and
 the arguments of make_muon and train_variant. The parts' forwards (RMSNorm, rotary, SwiGLU, attention) have none:
 what reaches them was checked here, at the edge."""
@@ -11,10 +11,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from . import generation as generation_door
 from ..config import GPTConfig
-from ..guards import (as_device, require_attention_mask, require_bool, require_int, require_number,
-                      require_token_tensor, require_type, require_weight)
+from ..guards import (as_device, require_bool, require_int, require_number, require_token_tensor, require_type,
+                      require_weight)
 from ..training import TrainConfig
 
 MODERN_FIELDS = ("norm", "norm_eps", "positions", "rope_theta", "ffn", "hidden_dim", "n_kv_heads", "head_dim",
@@ -89,15 +88,6 @@ def kv_cache_bytes(cfg, tokens: int, batch: int, bytes_per_number: int) -> None:
     require_int("tokens", tokens, minimum=0)
     require_int("batch", batch, minimum=1)
     require_int("bytes_per_number", bytes_per_number, minimum=1)
-
-
-def forward_args(model, token_ids: Tensor, kv_caches, last_only: bool, attention_mask: Tensor | None) -> int:
-    """ModernGPT.forward: notebook 08's token ids, caches and last_only, and notebook 11's left-padding mask over
-    the cached and the new positions; returns the number of cached positions, where the new tokens start."""
-    start_pos = generation_door.forward_args(model, token_ids, kv_caches, last_only)
-    if attention_mask is not None:
-        require_attention_mask(attention_mask, (token_ids.shape[0], start_pos + token_ids.shape[1]), token_ids.device)
-    return start_pos
 
 
 def hf_config(hf, source: str) -> None:
