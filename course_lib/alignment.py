@@ -15,9 +15,8 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from .doors import alignment as door
-from .finetuning import (IGNORE_INDEX, ChatTokenizer, chat_batch, chat_reply, format_chat, judge_reply,
-                                   load_lora_state_dict, load_shakespeare_chat)
-from .generation import generate
+from .finetuning import (IGNORE_INDEX, ChatTokenizer, chat_batch, chat_reply, generate_replies,
+                                   judge_reply, load_lora_state_dict, load_shakespeare_chat)
 from .model import GPTModel
 from .tokenization import DATA_DIR
 
@@ -29,17 +28,11 @@ def sample_group(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, gr
     (group_size, tokens), the prompt and each reply's tokens as sampled; response_mask, 1 on a reply's tokens up to
     and including its first <|end|> (a reply cut off at max_new_tokens has none); and the replies as text."""
     door.sample_group(model, tokenizer, instruction, group_size, generator, max_new_tokens)
-    prompt = tokenizer.encode(format_chat(instruction))
-    room = min(max_new_tokens, model.cfg.context_length - len(prompt))  # the door leaves room for 1 token at least
-    ids = torch.tensor([prompt] * group_size, device=model.out_head.weight.device)  # (group_size, prompt tokens)
-    out = generate(model, ids, room, temperature=1.0, eos_id=tokenizer.end_id, generator=generator)
-    new = out[:, len(prompt):]  # (group_size, new tokens): after an <|end|>, generate writes more <|end|>
-    ended = (new == tokenizer.end_id).int()  # (group_size, new tokens)
+    prompt, new, replies = generate_replies(model, tokenizer, instruction, group_size, max_new_tokens, 1.0, generator)
+    ended = (new == tokenizer.end_id).int()  # (group_size, new tokens): after an <|end|>, generate writes more <|end|>
     after_end = (ended.cumsum(dim=1) - ended) > 0  # True on the tokens after a row's first <|end|>
-    mask = torch.cat([torch.zeros_like(ids), (~after_end).long()], dim=1)  # (group_size, tokens)
-    replies = [tokenizer.decode(row[:row.index(tokenizer.end_id)] if tokenizer.end_id in row else row)
-               for row in new.tolist()]
-    return out, mask, replies
+    mask = torch.cat([torch.zeros_like(prompt), (~after_end).long()], dim=1)  # (group_size, tokens)
+    return torch.cat([prompt, new], dim=1), mask, replies
 
 # %% ../notebooks/15_alignment.ipynb #reply-finished
 def reply_finished(input_ids: Tensor, response_mask: Tensor, end_id: int) -> Tensor:

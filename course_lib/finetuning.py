@@ -6,7 +6,7 @@ __all__ = ['PLAYS_FILE', 'CHAT_TOKENS', 'IGNORE_INDEX', 'INSTRUCTION_TASKS', 'NE
            'load_lora_state_dict', 'play_speeches', 'stratified_split', 'Passages', 'encode_passages', 'play_passages',
            'BagOfChars', 'train_classifier', 'accuracy', 'ClassifierGPT', 'grow_vocabulary', 'train_new_rows',
            'ChatTokenizer', 'format_chat', 'chat_batch', 'chat_loss', 'speeches', 'last_word', 'make_instructions',
-           'judge_reply', 'chat_reply', 'chat_state_dict', 'load_shakespeare_chat', 'chat_loop']
+           'judge_reply', 'generate_replies', 'chat_reply', 'chat_state_dict', 'load_shakespeare_chat', 'chat_loop']
 
 # %% ../notebooks/14_finetuning.ipynb #lora-imports
 import math
@@ -271,27 +271,29 @@ def accuracy(model: nn.Module, data: Passages, batch_size: int = 256) -> float:
 
 # %% ../notebooks/14_finetuning.ipynb #classifier-gpt
 class ClassifierGPT(nn.Module):
-    """A GPT body (embeddings, blocks, final norm, taken from `model`, not copied) with a new linear head that
-    maps the state of each passage's LAST token to num_classes logits."""
+    """A pretrained GPTModel (taken, not copied) whose out_head is swapped for a new linear head to num_classes
+    logits: the model's own forward scores the classes at every position, and a passage's logits are those at its
+    LAST real token."""
 
     def __init__(self, model: GPTModel, num_classes: int):
         super().__init__()
         door.classifier_gpt(model, num_classes)
         self.cfg = model.cfg
-        self.embedding, self.trf_blocks, self.final_norm = model.embedding, model.trf_blocks, model.final_norm
         like = model.final_norm.scale  # the new head gets the body's dtype and device
-        self.out_head = nn.Linear(self.cfg.emb_dim, num_classes, dtype=like.dtype, device=like.device)
+        model.out_head = nn.Linear(self.cfg.emb_dim, num_classes, dtype=like.dtype, device=like.device)
+        self.model = model  # model(token_ids) now gives (batch, tokens, num_classes)
+
+    @property
+    def out_head(self) -> nn.Linear:
+        """The new head, in the language model's place."""
+        return self.model.out_head
 
     def forward(self, token_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
         """token_ids (batch, tokens), right-padded; lengths (batch,) real tokens of each (None: all are real)
         -> logits (batch, num_classes)."""
         lengths = door.classifier_inputs(self, token_ids, lengths)  # (batch,): None becomes every row full
-        x = self.embedding(token_ids)  # (batch, tokens, emb_dim)
-        for block in self.trf_blocks:
-            x = block(x)  # (batch, tokens, emb_dim)
-        x = self.final_norm(x)  # (batch, tokens, emb_dim)
-        last = x[torch.arange(len(x), device=x.device), lengths - 1]  # (batch, emb_dim): each passage's last token
-        return self.out_head(last)  # (batch, num_classes)
+        logits = self.model(token_ids)  # (batch, tokens, num_classes): the class logits at every position
+        return logits[torch.arange(len(logits), device=logits.device), lengths - 1]  # each passage's last token
 
 # %% ../notebooks/14_finetuning.ipynb #chat-imports
 import copy
@@ -474,18 +476,27 @@ def judge_reply(example: dict, reply: str) -> bool:
         return re.fullmatch(re.escape(heading) + r"\n[^\n]*[A-Za-z][^\n]*", reply) is not None
     return reply == example["response"]
 
+# %% ../notebooks/14_finetuning.ipynb #generate-replies
+def generate_replies(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, n: int = 1,
+                     max_new_tokens: int | None = None, temperature: float = 0.0,
+                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, list[str]]:
+    """n replies to one instruction, generated in one batch from the chat prompt until <|end|> or max_new_tokens
+    (default: all the room left in the context); greedy unless temperature > 0. Returns the prompt's ids
+    (n, prompt tokens), the new ids (n, new tokens) and each reply's text, cut before its first <|end|>."""
+    max_new_tokens = door.generate_replies(model, tokenizer, instruction, n, max_new_tokens)  # None: all the room
+    prompt = torch.tensor([tokenizer.encode(format_chat(instruction))] * n, device=model.out_head.weight.device)
+    room = model.cfg.context_length - prompt.shape[1]  # at least 1: the door leaves room for an answer
+    new = generate(model, prompt, min(max_new_tokens, room), temperature=temperature, eos_id=tokenizer.end_id,
+                   generator=generator)[:, prompt.shape[1]:]  # (n, new tokens): after an <|end|>, more <|end|>
+    cut = [row[:row.index(tokenizer.end_id)] if tokenizer.end_id in row else row for row in new.tolist()]
+    return prompt, new, [tokenizer.decode(ids) for ids in cut]
+
 # %% ../notebooks/14_finetuning.ipynb #chat-reply
 def chat_reply(model: GPTModel, tokenizer: ChatTokenizer, instruction: str, max_new_tokens: int | None = None,
                temperature: float = 0.0, generator: torch.Generator | None = None) -> str:
     """The model's answer to one instruction: generate from the chat prompt until <|end|> (not included) or
     max_new_tokens (default: all the room left in the context). Greedy unless temperature > 0."""
-    max_new_tokens = door.chat_reply(model, tokenizer, instruction, max_new_tokens)  # None: all the room left
-    prompt = tokenizer.encode(format_chat(instruction))
-    room = model.cfg.context_length - len(prompt)  # at least 1: the door leaves room for an answer
-    ids = torch.tensor([prompt], device=model.out_head.weight.device)  # (1, prompt tokens)
-    out = generate(model, ids, min(max_new_tokens, room), temperature=temperature, eos_id=tokenizer.end_id,
-                   generator=generator)[0, len(prompt):].tolist()  # the new tokens
-    return tokenizer.decode(out[:out.index(tokenizer.end_id)] if tokenizer.end_id in out else out)
+    return generate_replies(model, tokenizer, instruction, 1, max_new_tokens, temperature, generator)[2][0]
 
 # %% ../notebooks/14_finetuning.ipynb #new-rows
 NEW_ROWS = ("embedding.tok_emb.new_rows", "out_head.new_rows")  # what a chat adapter adds to lora_state_dict

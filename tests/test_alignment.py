@@ -16,7 +16,8 @@ from course_lib.alignment import (GRPO_LOSS_TYPES, dpo_loss, frozen_copy, group_
                                   k3_kl, kl_to_reference, pair_logprobs, policy_copy, preference_pairs, response_batch,
                                   sample_group, score_policy, sequence_logprobs, stack_rows, token_logprobs, train_dpo)
 from course_lib.doors.alignment import response_tensors
-from course_lib.finetuning import chat_reply, format_chat, judge_reply, load_shakespeare_chat, make_instructions
+from course_lib.finetuning import (chat_reply, format_chat, generate_replies, judge_reply, load_shakespeare_chat,
+                                   make_instructions)
 from course_lib.training import load_shakespeare
 
 SPEAK = "Speak as CORIOLANUS."  # the continue task: replies of many lengths, most of them closed by <|end|>
@@ -103,6 +104,17 @@ def test_sample_group_masks_each_reply_up_to_and_including_its_first_end(chat):
         assert "<|end|>" not in replies[row]
         padded += k is not None and k < len(new) - 1
     assert padded >= 1, "no row ended before the longest one: the 0s after <|end|> were not exercised"
+
+
+def test_sample_group_samples_what_one_generate_call_samples(chat):
+    """sample_group writes its group with notebook 14's generate_replies: the very tokens of one generate call at
+    temperature 1 from the same generator, bit for bit (the shipped adapters were trained on such groups)."""
+    model, tokenizer = chat
+    prompt = torch.tensor([tokenizer.encode(format_chat(SPEAK))] * 4)  # (4, prompt tokens)
+    want = generation.generate(model, prompt, 32, temperature=1.0, eos_id=tokenizer.end_id, generator=seeded(3))
+    ids, _, replies = sample_group(model, tokenizer, SPEAK, 4, seeded(3), 32)
+    assert torch.equal(ids, want)
+    assert replies == generate_replies(model, tokenizer, SPEAK, 4, 32, 1.0, seeded(3))[2]
 
 
 def test_sample_group_is_reproducible_from_the_generators_seed(chat):

@@ -18,9 +18,9 @@ from course_lib.doors import finetuning as door
 from course_lib.finetuning import (
     CHAT_TOKENS, IGNORE_INDEX, BagOfChars, ChatTokenizer, ClassifierGPT, LoRALinear, Passages, accuracy, apply_lora,
     chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, encode_passages, find_lora_targets, format_chat,
-    grow_vocabulary, judge_reply, last_word, load_lora_state_dict, load_shakespeare_chat, lora_layers, lora_state_dict,
-    make_instructions, merge_lora, play_passages, play_speeches, speeches, stratified_split, train_classifier,
-    train_new_rows, unmerge_lora,
+    generate_replies, grow_vocabulary, judge_reply, last_word, load_lora_state_dict, load_shakespeare_chat, lora_layers,
+    lora_state_dict, make_instructions, merge_lora, play_passages, play_speeches, speeches, stratified_split,
+    train_classifier, train_new_rows, unmerge_lora,
 )
 from course_lib.model import GPTModel
 from course_lib.tokenization import CharTokenizer
@@ -555,7 +555,14 @@ CASES = [
     ("judge example list", lambda: judge_reply([EXAMPLE], "AB"), "error", TypeError, "example must be a dict"),
     ("judge pair", lambda: judge_reply(("Upper case:\nab", "AB"), "AB"), "error", TypeError,
      "example must be a dict"),
-    # chat_reply, chat_state_dict, load_shakespeare_chat, chat_loop
+    # generate_replies, chat_reply, chat_state_dict, load_shakespeare_chat, chat_loop
+    ("replies ok", lambda: generate_replies(chat_model(), CHAT, "ab", 3, 2, 1.0, torch.Generator().manual_seed(0)),
+     "result", lambda r: r[0].shape == (3, 4) and r[1].shape[0] == 3 and r[1].shape[1] <= 2 and len(r[2]) == 3),
+    ("replies n 0", lambda: generate_replies(chat_model(), CHAT, "ab", 0), "error", ValueError, "n must be >= 1"),
+    ("replies n 2.0", lambda: generate_replies(chat_model(), CHAT, "ab", 2.0), "error", TypeError,
+     "n must be an int"),
+    ("replies n None", lambda: generate_replies(chat_model(), CHAT, "ab", None), "error", TypeError,
+     "n must be an int"),
     ("reply ok", lambda: chat_reply(chat_model(), CHAT, "ab", 3), "result",
      lambda r: isinstance(r, str) and len(r) <= 3),
     ("reply default room", lambda: chat_reply(chat_model(), CHAT, "ab"), "result",

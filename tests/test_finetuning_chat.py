@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from course_lib.config import GPTConfig
 from course_lib.finetuning import (CHAT_TOKENS, IGNORE_INDEX, SHAKESPEARE_CHAT_DIR, ChatTokenizer, apply_lora,
                                    chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, format_chat,
-                                   grow_vocabulary, judge_reply, load_shakespeare_chat, make_instructions,
-                                   train_new_rows)
+                                   generate_replies, grow_vocabulary, judge_reply, load_shakespeare_chat,
+                                   make_instructions, train_new_rows)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt, save_gpt2
 from course_lib.tokenization import CharTokenizer
@@ -172,6 +172,16 @@ def test_chat_reply_and_the_loop_stop_at_the_end_token(grown, monkeypatch):
     written = []
     assert chat_loop(model, tokenizer, read=lambda _: next(lines), write=written.append) == [("Hi", "ab"), ("Ho", "ab")]
     assert written == ["model: ab", "model: ab"]
+
+
+def test_chat_reply_is_generate_replies_for_one(grown):
+    model, tokenizer = grown
+    instruction = "Upper case:\nO Rome!"
+    prompt, new, replies = generate_replies(model, tokenizer, instruction, 3, 12)
+    assert prompt.shape == (3, len(tokenizer.encode(format_chat(instruction)))) and new.shape[0] == 3
+    assert new.shape[1] <= 12 and len(replies) == 3 and all("<|end|>" not in r for r in replies)
+    assert replies == [replies[0]] * 3, "greedy: the same reply in every row"
+    assert chat_reply(model, tokenizer, instruction, 12) == replies[0]
 
 
 def test_generate_really_stops_at_the_end_token(grown):

@@ -69,10 +69,10 @@ def test_head_reads_the_last_real_position():
     ids = torch.randint(8, (4, 10))  # (batch, tokens)
     lengths = torch.tensor([10, 7, 3, 1])
     with torch.no_grad():
-        x = clf.embedding(ids)
-        for block in clf.trf_blocks:
+        x = clf.model.embedding(ids)
+        for block in clf.model.trf_blocks:
             x = block(x)
-        states = clf.final_norm(x)  # (4, 10, 32)
+        states = clf.model.final_norm(x)  # (4, 10, 32)
         expected = clf.out_head(states[torch.arange(4), lengths - 1])  # (4, 3)
         logits = clf(ids, lengths)
         first = clf.out_head(states[:, 0])
@@ -91,9 +91,21 @@ def test_earlier_tokens_reach_the_head_only_through_attention():
     changed[0, 2] = (ids[0, 2] + 1) % 8
     with torch.no_grad():
         assert not torch.allclose(clf(ids), clf(changed), atol=1e-5)  # position 2 is read by the last one
-        for block in clf.trf_blocks:  # cut attention out: the last state no longer sees position 2
+        for block in clf.model.trf_blocks:  # cut attention out: the last state no longer sees position 2
             block.att.forward = lambda x, *rest: torch.zeros_like(x)
         assert torch.equal(clf(ids), clf(changed))
+
+
+def test_the_head_is_the_models_own_out_head():
+    model = GPTModel(CFG)
+    clf = ClassifierGPT(model, 3)
+    assert clf.model is model and clf.out_head is model.out_head and model.out_head.out_features == 3
+    assert not any(p is model.embedding.tok_emb.weight for p in clf.out_head.parameters())  # the tie is gone
+    ids = torch.randint(8, (2, 6))
+    with torch.no_grad():  # the model's own forward gives the class logits at every position
+        assert torch.equal(clf(ids, torch.tensor([6, 3])), model(ids)[torch.arange(2), torch.tensor([5, 2])])
+    tied = sum(p.numel() for p in GPTModel(CFG).parameters())  # CFG ties the head to the embedding, which stays
+    assert sum(p.numel() for p in clf.parameters()) == tied + CFG.emb_dim * 3 + 3
 
 
 def test_right_padding_does_not_change_the_logits():

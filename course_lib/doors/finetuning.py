@@ -416,9 +416,9 @@ def judge_reply(example, reply) -> None:
                          f"{sorted(example)}")
 
 
-def chat_reply(model, tokenizer, instruction, max_new_tokens) -> int:
-    """chat_reply: a GPTModel grown to the tokenizer's vocabulary, an instruction that leaves room for an answer;
-    returns max_new_tokens, by default all the room left in the context."""
+def generate_replies(model, tokenizer, instruction, n, max_new_tokens) -> int:
+    """generate_replies (and chat_reply through it): a GPTModel grown to the tokenizer's vocabulary, an instruction
+    that leaves room for an answer, n >= 1 replies; returns max_new_tokens, by default all the room left."""
     from ..finetuning import CHAT_TOKENS, format_chat as lesson_format  # this lesson's own names, as above
     require_type("model", model, GPTModel, "pass the fine-tuned model")
     _chat_tokenizer(tokenizer)
@@ -432,6 +432,7 @@ def chat_reply(model, tokenizer, instruction, max_new_tokens) -> int:
                          f"{model.cfg.context_length}: shorten it to leave room for an answer")
     max_new_tokens = room if max_new_tokens is None else max_new_tokens
     require_int("max_new_tokens", max_new_tokens, minimum=1)
+    require_int("n", n, minimum=1)
     return max_new_tokens
 
 
