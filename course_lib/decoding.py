@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .attention import KVCache
 from .doors import decoding as door
-from .generation import eval_mode, next_token_logits, sample_next_token, warp_logits
+from .generation import decoding_loop, eval_mode, sample_next_token, warp_logits
 from .model import GPTModel
 from .tokenization import DATA_DIR
 
@@ -109,14 +109,13 @@ def choose_token(logits: Tensor, temperature: float, top_k: int | None, top_p: f
     return sample_next_token(logits, 1.0, generator=generator)
 
 # %% ../notebooks/11_decoding.ipynb #a9674537
-@torch.no_grad()
 def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None = None, *,
                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                   min_p: float | None = None, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                   frequency_penalty: float = 0.0, presence_penalty: float = 0.0, eos_id: int | None = None,
                   generator: torch.Generator | None = None, attention_mask: Tensor | None = None) -> Iterator[Tensor]:
-    """Yield each new token (batch, 1) the moment it is chosen: generate()'s loop with a KV cache, plus
-    min-p and the penalties. Pass the same seed as generate() and the same tokens come out.
+    """Yield each new token (batch, 1) the moment it is chosen: notebook 08's decoding_loop, with the penalties and
+    min-p in its choice. Pass the same seed as generate() and the same tokens come out.
 
     attention_mask (batch, tokens), from left_pad: 0 marks the padding of shorter prompts; it grows by a column
     of 1s per step. The penalties see the pads, as in transformers. Like any Python generator, it checks its
@@ -125,23 +124,23 @@ def stream_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, conte
                                         min_p, repetition_penalty, no_repeat_ngram_size, frequency_penalty,
                                         presence_penalty, eos_id, generator, attention_mask)  # a GPU mask read once
     prompt_len = token_ids.shape[1]
-    finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
-    caches = model.new_kv_caches()
-    for _ in range(max_new_tokens):
-        with eval_mode(model):  # entered and left at every step: the caller runs between two tokens
-            logits = next_token_logits(model, token_ids, caches, context_length, attention_mask=attention_mask)
-        logits = penalize(logits.float(), token_ids, prompt_len, repetition_penalty, no_repeat_ngram_size,
+
+    def choose(logits: Tensor, seen: Tensor) -> Tensor:  # the penalties, then the filters and one draw
+        logits = penalize(logits.float(), seen, prompt_len, repetition_penalty, no_repeat_ngram_size,
                           frequency_penalty, presence_penalty)
-        next_id = choose_token(logits, temperature, top_k, top_p, min_p, generator)  # (batch, 1)
-        if eos_id is not None:
-            next_id = next_id.masked_fill(finished.unsqueeze(1), eos_id)
-            finished = finished | (next_id[:, 0] == eos_id)
-        token_ids = torch.cat([token_ids, next_id], dim=1)
-        if attention_mask is not None:
-            attention_mask = F.pad(attention_mask, (0, 1), value=1)  # the new token is real in every row
-        yield next_id
-        if eos_id is not None and bool(finished.all()):
+        return choose_token(logits, temperature, top_k, top_p, min_p, generator)  # (batch, 1)
+
+    def grown_mask(seen: Tensor) -> dict:  # the new tokens are real in every row: 1s after the prompt's mask
+        return {"attention_mask": F.pad(attention_mask, (0, seen.shape[1] - prompt_len), value=1)}
+
+    steps = decoding_loop(model, token_ids, max_new_tokens, context_length, choose, eos_id,
+                          model_args=None if attention_mask is None else grown_mask)
+    while True:
+        with eval_mode(model):  # entered and left at every step: the caller runs between two tokens
+            next_id = next(steps, None)
+        if next_id is None:
             return
+        yield next_id
 
 # %% ../notebooks/11_decoding.ipynb #a9674537-1
 def generate_tokens(model: GPTModel, token_ids: Tensor, max_new_tokens: int, **settings) -> Tensor:

@@ -2,9 +2,11 @@
 
 # %% auto #0
 __all__ = ['eval_mode', 'generate_text_simple', 'scale_logits', 'top_k_filter', 'top_p_filter', 'warp_logits',
-           'sample_next_token', 'StaticKVCache', 'next_token_logits', 'generate', 'StepKVCache', 'GraphedGreedyDecoder']
+           'sample_next_token', 'StaticKVCache', 'next_token_logits', 'decoding_loop', 'generate', 'StepKVCache',
+           'GraphedGreedyDecoder']
 
 # %% ../notebooks/08_generation.ipynb #c231c102
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -147,6 +149,34 @@ def next_token_logits(model: GPTModel, token_ids: Tensor, caches: list[KVCache],
         fed = token_ids[:, -1:]  # only the newest token
     return model(fed, kv_caches=caches, last_only=True, **model_args)[:, -1, :]
 
+# %% ../notebooks/08_generation.ipynb #decoding-loop
+@torch.no_grad()
+def decoding_loop(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None,
+                  choose: Callable[[Tensor, Tensor], Tensor], eos_id: int | None = None, use_cache: bool = True,
+                  model_args: Callable[[Tensor], dict] | None = None) -> Iterator[Tensor]:
+    """Yield each new token (batch, 1) the moment choose(logits, token_ids) has picked it from the next-token logits
+    (batch, vocab_size) of the sequence so far. eos_id: a finished row gets eos_id from then on, and the loop ends
+    once every row is finished. model_args(token_ids): extra keyword arguments for the model (notebook 11's padding
+    mask). The caller puts the model in eval mode; like any generator, it runs only when a token is asked for."""
+    context_length = door.decoding_loop(model, token_ids, max_new_tokens, context_length, choose, eos_id, model_args)
+    finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
+    capacity = min(context_length, token_ids.shape[1] + max_new_tokens)  # the longest window the loop feeds
+    caches = [StaticKVCache(capacity) for _ in range(model.cfg.n_layers)]
+    for _ in range(max_new_tokens):
+        extra = model_args(token_ids) if model_args else {}
+        if use_cache:
+            logits = next_token_logits(model, token_ids, caches, context_length, **extra)  # (batch, vocab_size)
+        else:
+            logits = model(token_ids[:, -context_length:], last_only=True, **extra)[:, -1, :]  # the whole window
+        next_id = choose(logits, token_ids)  # (batch, 1)
+        if eos_id is not None:
+            next_id = next_id.masked_fill(finished.unsqueeze(1), eos_id)  # finished rows stay finished
+            finished = finished | (next_id[:, 0] == eos_id)
+        token_ids = torch.cat([token_ids, next_id], dim=1)  # (batch, tokens + 1)
+        yield next_id
+        if eos_id is not None and bool(finished.all()):
+            return
+
 # %% ../notebooks/08_generation.ipynb #a0a5e542
 def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_length: int | None = None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -161,23 +191,13 @@ def generate(model: GPTModel, token_ids: Tensor, max_new_tokens: int, context_le
     keep the keys and values of the earlier ones in a StaticKVCache per block (same tokens as use_cache=False,
     fewer computations). Runs without gradients and in eval mode; the model's modes are restored afterwards."""
     context_length = door.generate(model, token_ids, max_new_tokens, context_length, temperature, top_k, top_p, eos_id)
-    finished = torch.zeros(token_ids.shape[0], dtype=torch.bool, device=token_ids.device)  # (batch,)
-    capacity = min(context_length, token_ids.shape[1] + max_new_tokens)  # the longest window the loop feeds
-    caches = [StaticKVCache(capacity) for _ in range(model.cfg.n_layers)]
-    with torch.no_grad(), eval_mode(model):
-        for _ in range(max_new_tokens):
-            if use_cache:
-                logits = next_token_logits(model, token_ids, caches, context_length)  # (batch, vocab_size)
-            else:
-                logits = model(token_ids[:, -context_length:], last_only=True)[:, -1, :]  # the whole window
-            next_id = sample_next_token(logits, temperature, top_k, top_p, generator)  # (batch, 1)
-            if eos_id is not None:
-                next_id = next_id.masked_fill(finished.unsqueeze(1), eos_id)  # finished rows stay finished
-                finished = finished | (next_id[:, 0] == eos_id)
-            token_ids = torch.cat([token_ids, next_id], dim=1)  # (batch, tokens + 1)
-            if eos_id is not None and bool(finished.all()):
-                break
-    return token_ids
+
+    def choose(logits: Tensor, _: Tensor) -> Tensor:  # the tokens so far do not matter here
+        return sample_next_token(logits, temperature, top_k, top_p, generator)
+
+    with eval_mode(model):
+        new_ids = decoding_loop(model, token_ids, max_new_tokens, context_length, choose, eos_id, use_cache)
+        return torch.cat([token_ids, *new_ids], dim=1)  # (batch, tokens + new)
 
 # %% ../notebooks/08_generation.ipynb #step-kv-cache
 class StepKVCache(KVCache):

@@ -1,4 +1,4 @@
-"""Issue 30: the doors of course_lib.generation (generate, generate_text_simple, sample_next_token, scale_logits,
+"""Issue 30: the doors of course_lib.generation (generate, decoding_loop, generate_text_simple, sample_next_token, scale_logits,
 top_k_filter, top_p_filter, StaticKVCache, next_token_logits, eval_mode, and the doors in course_lib/doors/generation.py
 that other lessons call: generation_args, sampling, cache_list), called as a user who has not read the code would
 call them. Each case is a call and its expected outcome: ("error", type, a fragment of the message that names the argument) or ("result", check);
@@ -13,8 +13,8 @@ from torch import nn
 from course_lib.attention import KVCache
 from course_lib.config import GPTConfig
 from course_lib.doors import generation as door
-from course_lib.generation import (StaticKVCache, eval_mode, generate, generate_text_simple, next_token_logits,
-                                   sample_next_token, scale_logits, top_k_filter, top_p_filter)
+from course_lib.generation import (StaticKVCache, decoding_loop, eval_mode, generate, generate_text_simple,
+                                   next_token_logits, sample_next_token, scale_logits, top_k_filter, top_p_filter)
 from course_lib.model import GPTModel
 
 from doors import door_tests, report
@@ -25,6 +25,10 @@ MODEL = GPTModel(CFG).eval()
 IDS = torch.tensor([[1, 2, 3]])
 GREEDY = generate(MODEL, IDS, 2)  # (1, 5)
 L = torch.tensor([[1.0, 3.0, 2.0]])  # next-token logits of one row: token 1 is the most likely
+
+
+def GREEDY_CHOICE(logits, token_ids):  # decoding_loop's choose: the argmax
+    return sample_next_token(logits)
 
 
 def equals(expected):
@@ -179,6 +183,16 @@ CASES = [
     ("static capacities differ", refused_static_writes_nothing, ("result", bool)),
     ("forward cropped caches, other batch", cropped_then_another_batch, ("error", ValueError, "kv_caches hold 2 rows (sequences) but token_ids has 1 rows")),
     ("static too small", lambda: MODEL(IDS, kv_caches=[StaticKVCache(2), StaticKVCache(2)]), ("error", ValueError, "> capacity 2")),
+    # decoding_loop
+    ("loop greedy", lambda: torch.cat([IDS, *decoding_loop(MODEL, IDS, 2, None, GREEDY_CHOICE)], dim=1), ("result", equals(GREEDY))),
+    ("loop zero new", lambda: list(decoding_loop(MODEL, IDS, 0, None, GREEDY_CHOICE)), ("result", equals([]))),
+    ("loop choose None", lambda: next(decoding_loop(MODEL, IDS, 2, None, None)), ("error", TypeError, "choose must be a function")),
+    ("loop choose int", lambda: next(decoding_loop(MODEL, IDS, 2, None, 0)), ("error", TypeError, "choose must be a function")),
+    ("loop model_args dict", lambda: next(decoding_loop(MODEL, IDS, 2, None, GREEDY_CHOICE, model_args={})), ("error", TypeError, "model_args must be None or a function")),
+    ("loop list prompt", lambda: next(decoding_loop(MODEL, [[1, 2]], 2, None, GREEDY_CHOICE)), ("error", TypeError, "token_ids must be a torch.Tensor")),
+    ("loop too long", lambda: next(decoding_loop(MODEL, IDS, 20, None, GREEDY_CHOICE)), ("error", ValueError, "more than the model's context_length")),
+    ("loop context 0", lambda: next(decoding_loop(MODEL, IDS, 2, 0, GREEDY_CHOICE)), ("error", ValueError, "context_length must be >= 1")),
+    ("loop eos -1", lambda: next(decoding_loop(MODEL, IDS, 2, None, GREEDY_CHOICE, eos_id=-1)), ("error", ValueError, "eos_id must be >= 0")),
     # next_token_logits
     ("next ok", lambda: next_token_logits(MODEL, IDS, MODEL.new_kv_caches(), 8), ("result", lambda r: torch.allclose(r, MODEL(IDS)[:, -1]))),
     ("next refills", ntl_refills, ("result", bool)),

@@ -140,6 +140,19 @@ def generate(model, token_ids, max_new_tokens, context_length, temperature, top_
     return context_length
 
 
+def decoding_loop(model, token_ids, max_new_tokens, context_length, choose, eos_id, model_args) -> int:
+    """decoding_loop: what generation_args checks, a choice of the next token and the model's extra arguments as
+    functions; returns the context_length the loop uses."""
+    context_length = generation_args(model, token_ids, max_new_tokens, context_length, eos_id)
+    if not callable(choose):
+        raise TypeError(f"choose must be a function (logits, token_ids) -> next ids (batch, 1), got "
+                        f"{type(choose).__name__}: e.g. lambda logits, token_ids: sample_next_token(logits)")
+    if model_args is not None and not callable(model_args):
+        raise TypeError(f"model_args must be None or a function token_ids -> dict of the model's keyword arguments, "
+                        f"got {type(model_args).__name__}: e.g. lambda token_ids: {{}}")
+    return context_length
+
+
 def static_kv_cache(capacity) -> None:
     require_int("capacity", capacity, minimum=1)
 
