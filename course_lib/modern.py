@@ -231,13 +231,13 @@ class ModernBlock(TransformerBlock):
     def make_attention(self, cfg: ModernConfig) -> nn.Module: return GroupedQueryAttention(cfg)
     def make_feedforward(self, cfg: ModernConfig) -> nn.Module: return make_feedforward(cfg)
 
-    def forward(self, x: Tensor, positions: Tensor, kv_cache: KVCache | None = None,
-                may_attend: Tensor | None = None) -> Tensor:
-        """(batch, tokens, emb_dim) -> (batch, tokens, emb_dim); positions (tokens,) or (batch, tokens)."""
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, may_attend: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """TransformerBlock.forward with the positions, (tokens,) or (batch, tokens), handed to the rotary attention."""
         x = x + self.drop_shortcut(self.att(self.norm1(x), positions, kv_cache, may_attend))
         return x + self.drop_shortcut(self.ff(self.norm2(x)))
 
-
+# %% ../notebooks/16_modern_llm.ipynb #token-embedding
 class TokenEmbedding(nn.Module):
     """The input layer of a rotary model: the token table and dropout, no position table."""
 

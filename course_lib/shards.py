@@ -6,7 +6,6 @@ __all__ = ['SHARD_MAGIC', 'SHARD_VERSION', 'HEADER_BYTES', 'HEADER_LAYOUT', 'wri
 
 # %% ../notebooks/13_scaling_up.ipynb #shards-imports
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from torch import Tensor
 
 from .doors import shards as shards_door
 from .tokenization import EOS_ID, CharTokenizer
-from .training import tokenizer_state
+from .training import tokenizer_state, written_atomically
 
 # %% ../notebooks/13_scaling_up.ipynb #4708d327
 SHARD_MAGIC = b"course_lib tokns"  # 16 bytes that open every shard
@@ -28,10 +27,8 @@ HEADER_LAYOUT = "<16sIIIQ"  # little-endian: 16 bytes, three uint32, one uint64
 def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
     "Write token ids as a shard: a 64-byte header, then one little-endian uint16 per token (atomically)."
     shards_door.write_shard(token_ids, vocab_size)  # 1-D ids in [0, vocab_size), vocab_size <= 65536 (uint16)
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
     header = struct.pack(HEADER_LAYOUT, SHARD_MAGIC, SHARD_VERSION, 2, vocab_size, len(token_ids))
-    try:
+    with written_atomically(path) as partial:  # notebook 09's: the old shard or the complete new one
         with open(partial, "wb") as f:
             f.write(header.ljust(HEADER_BYTES, b"\0"))
             f.truncate(HEADER_BYTES + 2 * len(token_ids))
@@ -40,10 +37,7 @@ def write_shard(path: str | Path, token_ids: Tensor, vocab_size: int) -> Path:
                                      dtype=torch.uint16)
             mapped[HEADER_BYTES // 2:] = token_ids.to(torch.uint16)
             del mapped
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return path
+    return Path(path)
 
 # %% ../notebooks/13_scaling_up.ipynb #4708d327-2
 @dataclass(frozen=True)

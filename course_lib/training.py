@@ -4,8 +4,8 @@
 __all__ = ['SHAKESPEARE_FILE', 'SHAKESPEARE_SHA256', 'CHECKPOINT_FORMAT', 'CHECKPOINT_KEYS', 'cross_entropy', 'load_shakespeare',
            'split_by_position', 'get_batch', 'batch_loss', 'sample_text', 'TrainConfig', 'lr_at', 'make_optimizer',
            'evaluate', 'new_history', 'train', 'tokenizer_state', 'tokenizer_from_state', 'optimizer_state',
-           'optimizer_from_state', 'save_atomically', 'load_payload', 'save_checkpoint', 'Checkpoint',
-           'read_checkpoint', 'restore_model', 'load_checkpoint']
+           'optimizer_from_state', 'written_atomically', 'save_atomically', 'load_payload', 'save_checkpoint',
+           'Checkpoint', 'read_checkpoint', 'restore_model', 'load_checkpoint']
 
 # %% ../notebooks/09_training.ipynb #ec98d096
 import hashlib
@@ -14,6 +14,7 @@ import math
 import os
 import pkgutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from inspect import signature
 from pathlib import Path
@@ -229,16 +230,25 @@ def optimizer_from_state(model: nn.Module, payload: dict, tcfg: TrainConfig) -> 
     return cls(groups, **{key: value for key, value in payload["optimizer_defaults"].items() if key in accepted})
 
 # %% ../notebooks/09_training.ipynb #save-atomically
-def save_atomically(payload: dict, path: str | Path) -> Path:
-    """torch.save(payload) to path atomically: path is either the old file or the complete new one."""
+@contextmanager
+def written_atomically(path: str | Path):
+    """with written_atomically(path) as partial: write to `partial`; when the block ends without an error, partial is
+    renamed over path (atomic: path is either the old file or the complete new one). Whatever failed, nothing
+    half-written stays behind."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     try:
-        torch.save(payload, partial)
-        os.replace(partial, path)  # atomic: path is either the old file or the complete new one
+        yield partial
+        os.replace(partial, path)
     finally:
-        partial.unlink(missing_ok=True)  # nothing half-written stays behind, whatever failed
-    return path
+        partial.unlink(missing_ok=True)
+
+
+def save_atomically(payload: dict, path: str | Path) -> Path:
+    """torch.save(payload) to path atomically."""
+    with written_atomically(path) as partial:
+        torch.save(payload, partial)
+    return Path(path)
 
 
 def load_payload(path: str | Path, device: torch.device | str = "cpu") -> dict | Exception:

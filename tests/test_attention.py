@@ -456,7 +456,7 @@ def test_copy_into_a_wrapper_with_other_heads_is_refused():
     assert all(torch.equal(before[name], t) for name, t in wrapper.state_dict().items()), "nothing copied"
 
 
-# --- padding: may_attend (notebook 11's padding_may_attend) hides pads from every real token ------------------------
+# --- padding: may_attend (notebook 07's padding_may_attend) hides pads from every real token ------------------------
 
 def test_padding_may_attend_is_causal_and_hides_the_pads():
     T, F_ = True, False

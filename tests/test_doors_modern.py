@@ -341,7 +341,7 @@ CASES = [
     ("gqa weights", lambda: GroupedQueryAttention(CFG).attention_weights(X),
      ("result", lambda w: w.shape == (2, 4, 5, 5) and torch.allclose(w.sum(-1), torch.ones(2, 4, 5)))),
     ("gqa GPTConfig", lambda: GroupedQueryAttention(GPT_CFG), ("error", TypeError, "cfg must be a ModernConfig")),
-    ("block ok", lambda: ModernBlock(CFG)(X, torch.arange(5)).shape, ("result", lambda s: s == (2, 5, 16))),
+    ("block ok", lambda: ModernBlock(CFG)(X, positions=torch.arange(5)).shape, ("result", lambda s: s == (2, 5, 16))),
     ("block GPTConfig", lambda: ModernBlock(GPT_CFG), ("error", TypeError, "cfg must be a ModernConfig")),
     ("token embedding ok", lambda: TokenEmbedding(CFG)(IDS).shape, ("result", lambda s: s == (1, 4, 16))),
     ("token embedding dict", lambda: TokenEmbedding(SHAPE), ("error", TypeError, "cfg must be a ModernConfig")),

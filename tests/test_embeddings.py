@@ -198,7 +198,7 @@ def test_positions_per_row_equal_start_pos_and_each_row_its_own(layer):
     assert torch.equal(out[1, 2:], layer(ids[1:, 2:])[0]) and torch.equal(out[0], layer(ids[:1])[0])
 
 
-# was: check_positions' messages. Positions now come only from positions_after_padding (notebook 11), which derives
+# was: check_positions' messages. Positions now come only from positions_after_padding (notebook 07), which derives
 # them from an attention_mask the model checks at its door; bad ones handed to the layer directly fail in PyTorch.
 @pytest.mark.parametrize("positions, error, message", [
     (torch.zeros(2, 5), RuntimeError, "scalar types: Long, Int; but got torch.FloatTensor"),

@@ -173,10 +173,15 @@ def notebook_problems(root: Path) -> tuple[list[str], list[str]]:
                                 f"({nb.exports[d.name].where}); give a draft version its own name (e.g. "
                                 f"`{d.name}V1`)")
         for name, d in nb.exports.items():
-            # a @patch may replace an earlier lesson's method; every module may have its own `__getattr__` (the
-            # names that moved out of it, course_lib.doors.moved)
+            # every module may have its own `__getattr__` (the names that moved out of it, course_lib.doors.moved)
             if name in earlier_exports and "." not in name and name != "__getattr__":
                 problems.append(f"{d.where}: redefines `{name}`, exported earlier by {earlier_exports[name].where}")
+            # a class is written in its own lesson: a later one never adds or replaces a method with @patch
+            # (docs/design.md, section 5), so the code that runs is found from the class
+            cls = name.split(".")[0]
+            if "." in name and cls in earlier_exports:
+                problems.append(f"{d.where}: patches `{name}` onto `{cls}`, a class of "
+                                f"{earlier_exports[cls].where}; write the method in that lesson's class")
         for imported, where in nb.imports:
             parts = imported.split(".")
             if parts[0] == "transformers":
@@ -323,11 +328,18 @@ PATCH_CELLS = ["#| export\nfrom fastcore.basics import patch\n\nclass Shape:\n  
                "#| export\n@patch\ndef area(self: Shape):\n    return 1"]
 
 
-def test_checker_accepts_a_later_notebook_patching_an_earlier_class_once(tmp_path):
+def test_checker_accepts_a_class_patched_within_its_own_notebook(tmp_path):
+    write_course(tmp_path, [CELLS[0], *PATCH_CELLS])
+    assert mirror_problems(tmp_path) == []
+
+
+def test_checker_rejects_a_later_notebook_patching_an_earlier_class(tmp_path):
     later = ["#| default_exp later\nfrom course_lib.demo import Shape\nfrom fastcore.basics import patch",
              "#| export\n@patch\ndef area(self: Shape):\n    return 2"]
     write_course(tmp_path, [CELLS[0], *PATCH_CELLS], later)
-    assert mirror_problems(tmp_path) == []
+    [problem] = mirror_problems(tmp_path)
+    assert problem.startswith("notebooks/01_later.ipynb cell 1: patches `Shape.area` onto `Shape`, a class of "
+                              "notebooks/00_demo.ipynb cell"), problem
 
 
 def test_checker_rejects_a_method_patched_twice_in_one_notebook(tmp_path):
@@ -370,3 +382,14 @@ def test_a_notebook_may_export_a_second_module_that_later_notebooks_import(tmp_p
     assert mirror_problems(tmp_path) == []
     (tmp_path / "course_lib" / "extra.py").write_text("# edited by hand\n")
     assert any(p.startswith("course_lib/extra.py differs from a fresh export") for p in mirror_problems(tmp_path))
+
+
+def test_notebook_13_teaches_in_at_most_300_exported_lines():
+    """Issue 42: the lesson shows data parallelism at the size of its idea; the command's plumbing lives in the
+    non-lesson course_lib/pretrain.py. Counted as the source lines of the notebook's `#| export` cells."""
+    cells = json.loads((ROOT / "notebooks" / "13_scaling_up.ipynb").read_text(encoding="utf-8"))["cells"]
+    exported = ["".join(c["source"]) for c in cells
+                if c["cell_type"] == "code" and "".join(c["source"]).startswith("#| export")]
+    lines = sum(len(source.splitlines()) for source in exported)
+    assert lines <= 300, f"notebook 13 exports {lines} lines in {len(exported)} cells; at most 300"
+    assert not any("argparse" in source for source in exported), "a lesson cell of notebook 13 uses argparse"

@@ -735,3 +735,12 @@ def test_load_modern_names_an_unreadable_config_or_weights_file(tmp_path, llama_
     (folder / "config.json").write_text("{oops")
     with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
         load_modern(folder)
+
+
+def test_graphed_greedy_decoder_refuses_a_modern_model_with_a_clear_error():
+    """ModernGPT is a GPTModel, so the type check alone lets it in; the fixed-shape step feeds GPT-2's blocks only."""
+    from course_lib.generation import GraphedGreedyDecoder
+    model = ModernGPT(ModernConfig(vocab_size=32, context_length=16, emb_dim=16, n_heads=2, n_layers=1,
+                                   drop_rate=0.0, positions="rotary"))
+    with pytest.raises(TypeError, match=r"GroupedQueryAttention \(notebook 16\): decode it with generate\(\)"):
+        GraphedGreedyDecoder(model, capacity=8)

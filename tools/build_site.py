@@ -136,7 +136,8 @@ def on_source_read(app, docname: str, source: list[str]) -> None:
 def build_site(out: Path = OUT, quiet: bool = False) -> Path:
     """Build the site into `out`, printing Sphinx's progress unless `quiet`; return the path of its home page.
     Fails on any Sphinx warning (a broken link or image, a page left out of the table of contents)."""
-    shutil.rmtree(FOLDERS, ignore_errors=True)
+    for stale in (out, FOLDERS):  # a renamed or removed lesson or document leaves no page behind
+        shutil.rmtree(stale, ignore_errors=True)
     for path in [ROOT / "README.md", *LESSONS, *(ROOT / f"{name}.md" for name in documents())]:
         link_folders(path.read_text(encoding="utf-8"), path)  # writes the pages of the folders it links to
     (out / "_static").mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..attention import MultiHeadAttention
 from ..config import GPTConfig
 from ..guards import require_int, require_number, require_token_tensor, require_type, values_readable
 from ..model import GPTModel
@@ -166,6 +167,10 @@ def next_token_logits(token_ids, caches, context_length) -> None:
 
 def graphed_greedy_decoder(model, capacity, batch, compile) -> None:
     require_type("model", model, GPTModel, "build one with GPTModel(cfg)")
+    other = next((block.att for block in model.trf_blocks if not isinstance(block.att, MultiHeadAttention)), None)
+    if other is not None:  # its step feeds GPT-2's blocks; rotary attention would need the positions too
+        raise TypeError(f"GraphedGreedyDecoder runs GPT-2's attention (MultiHeadAttention); this model's blocks use "
+                        f"{type(other).__name__} (notebook 16): decode it with generate()")
     require_int("capacity", capacity, minimum=2)  # the prompt and the new tokens
     require_number("capacity", capacity, 2, model.cfg.context_length, why="no position past the model's context")
     require_int("batch", batch, minimum=1)
