@@ -10,6 +10,10 @@ import os
 for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(variable, "1")
 
+# Worked answers whose full run takes more than a few seconds read their size from course_lib.checks.answer_size:
+# under the tests (and tools/refresh_notebooks.py, which imports this file) they run small; a learner's run is full.
+os.environ.setdefault("COURSE_ANSWER_SIZE", "small")
+
 
 # Every figure a notebook draws must be readable in a lecture hall (docs/design.md, section 4 (what a lesson looks
 # like)): each nbval kernel checks each figure it renders with tests/figure_check.py, and a figure that breaks a rule

@@ -8,7 +8,7 @@ after it (tokenization.py checks the exercises of notebook 01, ...); core.py hol
 from .alignment import check_dpo_loss, check_group_advantages, check_grpo_loss
 from .attention import check_causal_attention, check_multihead_attention
 from .block import check_transformer_block
-from .core import CheckFailed
+from .core import CheckFailed, answer_size
 from .decoding import check_beam_search, check_beam_step, check_min_p, check_no_repeat_ngram, check_repetition_penalty
 from .embeddings import check_gpt_embedding, check_sinusoidal_table
 from .feedforward import check_feedforward, check_gelu
@@ -22,7 +22,7 @@ from .tokenization import check_bpe_encode, check_count_pairs, check_merge_pair
 from .training import check_next_token_loss, check_perplexity
 
 __all__ = [
-    "CheckFailed",
+    "CheckFailed", "answer_size",
     "check_merge_pair", "check_count_pairs", "check_bpe_encode",  # 01 tokenization
     "check_sinusoidal_table", "check_gpt_embedding",  # 02 embeddings
     "check_layernorm",  # 03 layernorm

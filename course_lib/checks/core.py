@@ -248,3 +248,23 @@ def check_decoded(ck: Checker, got: Tensor, expected: Tensor, token_ids: Tensor,
         ck.fail(f"{situation}, your rows do not start with the prompt",
                 "keep the prompt as it is at the start of each row and append the new ids after it")
     compare(ck, got.long(), expected.long(), variants, situation, fallback, atol=0, rtol=0)
+
+
+ANSWER_SIZE = "COURSE_ANSWER_SIZE"  # "small" under the tests (conftest.py sets it), unset for a learner
+
+
+def answer_size(full, small):
+    """The size a worked answer runs at: `full` when a learner runs it, `small` under the tests.
+
+    An answer whose full run takes more than a few seconds reads its size (steps, runs, a length) from this one
+    call. conftest.py sets COURSE_ANSWER_SIZE=small for the test session and for tools/refresh_notebooks.py, so
+    nbval runs the answer's code at the small size and compares the form of its output; the full-size figures the
+    answer quotes come from `python tools/answer_figures.py`, which runs it at `full` and stores what it printed in
+    docs/answer_figures.json, where tests/test_answers.py compares them with the answer's text."""
+    import os
+
+    setting = os.environ.get(ANSWER_SIZE, "full")
+    if setting not in ("full", "small"):
+        raise ValueError(f"{ANSWER_SIZE}={setting!r}: set it to 'full' (the answer's own size) or 'small' (the "
+                         f"tests' size), or unset it")
+    return small if setting == "small" else full
