@@ -51,3 +51,35 @@ def _figure_check_profile():
 
 
 _figure_check_profile()
+
+
+# A learner may paste a worked answer into a fresh cell at the end of a notebook and run it there. nbval runs each
+# answer where it stands; this hook also runs the first answer of every notebook a second time, in the same kernel,
+# after the notebook's last cell (an extra test item, "Cell N pasted at the end"): it fails if the answer uses a name
+# that a later cell rebinds or a state that a later cell changes. Its output is not compared, only its errors.
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+    from collections import defaultdict
+    from pathlib import Path
+
+    try:
+        from nbval.plugin import IPyNbCell
+    except ImportError:  # nbval not installed: nothing to add
+        return
+    spec = importlib.util.spec_from_file_location(
+        "_course_answer_figures", Path(__file__).resolve().parent / "tools" / "answer_figures.py")
+    answers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(answers)
+    last_item = {}  # each notebook's collector -> the position of its last cell in `items`
+    for position, item in enumerate(items):
+        if isinstance(item, IPyNbCell):
+            last_item[item.parent] = position
+    for notebook, position in sorted(last_item.items(), key=lambda pair: -pair[1]):  # from the back: positions hold
+        code_cells = [cell for cell in notebook.nb.cells if cell.cell_type == "code"]
+        first = next((number for number, cell in enumerate(code_cells) if answers.is_answer(cell)), None)
+        if first is None:
+            continue
+        pasted = answers.pasted_cell(code_cells[first])
+        items.insert(position + 1, IPyNbCell.from_parent(
+            notebook, name=f"Cell {first} pasted at the end", cell_num=len(code_cells), cell=pasted,
+            options=defaultdict(bool, check=False)))

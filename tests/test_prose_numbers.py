@@ -9,15 +9,23 @@ A number in a markdown cell passes when
   implementation, a datasheet or a model card, or a measurement of ours with its date ("`benchmarks/
   decode_limits.py` ... 2026-11-24", docs/performance.md or docs/testing.md and a date). A table is judged by the
   sentence that introduces it;
-* or it is part of the lesson's mathematics, written in LaTeX (`$30{,}740{,}800 / 7{,}087{,}872 = 4.337$`), or
-  code (`eps=1e-5`), or a version (PyTorch 2.13), or sits in an exercise's statement or a "Predict first"
-  question (the task, not a claim), or in an exercise's answer that shows the program producing it (a
-  `<details>` block with a code block).
+* or it is part of the lesson's mathematics, a formula in LaTeX (`$30{,}740{,}800 / 7{,}087{,}872 = 4.337$`), or
+  code (`eps=1e-5`), or a version (PyTorch 2.13), or sits in a "Predict first" question (the task, not a claim).
+
+A measured value written in LaTeX on its own (`$1.5 \times 10^{-6}$`, `$\approx 0.25$`) is a number like any other.
+Worked answers are prose like the rest: their numbers are printed by their own hidden code cells, or, for an
+answer that runs small under the tests (course_lib.checks.answer_size), by its full run stored in
+docs/answer_figures.json (a sentence citing `tools/answer_figures.py` is checked against it, not excused by its
+date); in an answer a time, memory or speed must be printed with its unit. In an exercise's statement only what
+reads as a measurement is checked, and with its unit: a time or a throughput, or a number written with "about";
+the task's own parameters ("60 steps of 8 windows", "a 1 GiB matrix") and the difficulty and time estimate are
+the task.
 
 Which numbers count: decimals, percentages, ratios (`1.6x`, `1.6×`) and counts of something measurable
 ("39 characters", "3,000 steps", "56.2 tokens/s"). Small integers that name things (notebook 09, block 3,
 head 6) do not. `test_the_claims_fixed_by_issue_28_are_caught` puts the numeric claims of issue 28 back and
-requires each to be named again.
+requires each to be named again; `test_the_claims_fixed_by_issue_43_are_caught` does the same for issue 43's
+answers, statements and LaTeX values.
 """
 from __future__ import annotations
 
@@ -53,6 +61,25 @@ YEAR = r"\b(?:19|20)\d\d\b"
 PAPER = re.compile(rf"et al\.|\bpaper\b[^.]*{YEAR}|{YEAR}[^.]*\bpaper\b|\b[A-Z][\w-]+ (?:&|and) [A-Z][\w-]+,? \(?{YEAR}"
                    rf"|\({YEAR}\)|, {YEAR}\)")
 EXERCISE = "**Difficulty:**"
+# What reads as a measurement in an exercise's statement: a time or a throughput, or "about N" (a size in bytes
+# without "about" is the task's budget: "a 1 GiB matrix")
+STATEMENT_MEASURED = re.compile(
+    rf"(?:\babout|\baround|\broughly|~)\s?(?P<about>{NUMBER})"
+    rf"|{ALONE}(?P<value>{NUMBER})(?P<scale>[KMB]?)\s?(?=(?:ms|µs|s|seconds?|minutes?|min|hours?|tokens/s|GB/s|MB/s|"
+    rf"FLOP/s|it/s)\b)")
+FIGURES = ROOT / "docs" / "answer_figures.json"
+# Units of time, memory, disk and throughput: a number written with one is matched only by an output that prints
+# it with the same unit ("about 20 s" is not backed by a 20 printed as a step count)
+PHYSICAL = {"s": "s", "sec": "s", "second": "s", "seconds": "s", "ms": "ms", "µs": "µs", "us": "µs", "min": "min",
+            "minute": "min", "minutes": "min", "hour": "h", "hours": "h", "h": "h", "KB": "KB", "MB": "MB", "GB": "GB",
+            "TB": "TB", "KiB": "KB", "MiB": "MB", "GiB": "GB", "bytes": "B", "B": "B", "tokens/s": "tokens/s",
+            "GB/s": "GB/s", "MB/s": "MB/s", "FLOP/s": "FLOP/s", "it/s": "it/s"}
+WITH_UNIT = re.compile(rf"(?<![\w.])({NUMBER})\s?({'|'.join(sorted(map(re.escape, PHYSICAL), key=len, reverse=True))})"
+                       rf"(?![\w/])")
+# A measured value on its own in LaTeX: an optional \approx, a number with {,} for thousands, an optional
+# \times 10^{k} and an optional \%. Anything else in the math (a letter, an operator, =) makes it a formula.
+LATEX_VALUE = re.compile(r"\$\s*(?:\\approx|\\sim|\\simeq)?\s*(?P<number>\d(?:\d|\{,\})*(?:\.\d+)?)"
+                         r"(?:\s*\\times\s*10\^\{?(?P<exponent>[-−]?\d+)\}?)?\s*(?P<percent>\\%)?\s*\$")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*(_\[])|\n\s*\n")
 
 
@@ -82,11 +109,19 @@ class Unsupported:
                 f"notebook nor given a source in its sentence: {self.sentence!r}")
 
 
+def _latex_value(match: re.Match) -> str:
+    """`$1.5 \\times 10^{-6}$` -> `1.5e-6`, `$12{,}288$` -> `12,288`, `$3.2\\%$` -> `3.2%`."""
+    number = match.group("number").replace("{,}", ",")
+    if match.group("exponent"):
+        number += "e" + match.group("exponent").replace("−", "-")
+    return number + ("%" if match.group("percent") else "")
+
+
 def _strip(markdown: str) -> str:
-    """The prose of a markdown cell: without code, LaTeX, link targets, HTML tags, headings and worked answers."""
-    markdown = re.sub(r"<details>(?=(?:(?!</details>).)*```).*?</details>", " ", markdown, flags=re.S)
+    """The prose of a markdown cell: without code, LaTeX formulas, link targets, HTML tags and headings."""
     markdown = re.sub(r"```.*?```", " ", markdown, flags=re.S)
     markdown = re.sub(r"\$\$.*?\$\$", " ", markdown, flags=re.S)
+    markdown = LATEX_VALUE.sub(_latex_value, markdown)
     markdown = re.sub(r"\$[^$]*\$", " ", markdown)
     markdown = re.sub(r"`[^`]*`", lambda code: re.sub(r"\d", "#", code.group()), markdown)  # names stay, numbers go
     markdown = re.sub(r"\]\([^)]*\)", "]", markdown)
@@ -130,8 +165,53 @@ def _printed(value: str, known: set[str], scale: str = "") -> bool:
 
 
 def _sourced(sentence: str) -> bool:
+    if "answer_figures" in sentence:  # checked against docs/answer_figures.json, which `known` holds
+        return False
     return (bool(PAPER.search(sentence) or REFERENCE.search(sentence) or QUESTION.search(sentence))
             or bool(MEASUREMENT_SOURCE.search(sentence) and DATE.search(sentence)))
+
+
+def full_run_outputs(notebook: str) -> dict[str, str]:
+    """What each answer cell of `notebook` printed at full size (cell id -> text), from docs/answer_figures.json."""
+    if not FIGURES.exists():
+        return {}
+    entry = json.loads(FIGURES.read_text(encoding="utf-8")).get("notebooks", {}).get(notebook, {})
+    return {cell_id: answer["output"] for cell_id, answer in entry.get("answers", {}).items()}
+
+
+def _with_units(text: str) -> dict[str, set[str]]:
+    """The numbers `text` prints with a unit of time, memory, disk or throughput, by unit: {"s": {"20.3"}, ...}."""
+    found: dict[str, set[str]] = {}
+    for match in WITH_UNIT.finditer(text):
+        found.setdefault(PHYSICAL[match.group(2)], set()).add(match.group(1).replace(",", ""))
+    return found
+
+
+def _unit_after(sentence: str, end: int) -> str | None:
+    """The unit of time, memory, disk or throughput written right after a number that ends at `end`, if any."""
+    match = WITH_UNIT.match("0 " + sentence[end:].lstrip())
+    return PHYSICAL[match.group(2)] if match else None
+
+
+def _backed(value: str, unit: str | None, known: set[str], units: dict[str, set[str]], scale: str = "") -> bool:
+    """Whether a number of the prose is printed: with its unit when it has one of time, memory, disk or speed."""
+    return _printed(value, units.get(unit, set()), scale) if unit else _printed(value, known, scale)
+
+
+def _statement_problems(path: Path, index: int, cell: dict, known: set[str],
+                        units: dict[str, set[str]]) -> list[Unsupported]:
+    """The measured-looking numbers of an exercise's statement that are neither printed nor sourced."""
+    text = "\n".join(line for line in "".join(cell["source"]).splitlines() if EXERCISE not in line)
+    found = []
+    for sentence, voucher in _sentences(_strip(text)):
+        if _sourced(voucher) or _sourced(sentence):
+            continue
+        for match in STATEMENT_MEASURED.finditer(sentence):
+            value = (match.group("about") or match.group("value")).replace(",", "")
+            if not _backed(value, _unit_after(sentence, match.end()), known, units, match.group("scale") or ""):
+                found.append(Unsupported(path.name, index, cell.get("id", "?"), match.group(0).strip(),
+                                         " ".join(sentence.split())))
+    return found
 
 
 def _sentences(prose: str) -> list[tuple[str, str]]:
@@ -154,17 +234,28 @@ def unsupported_numbers(path: Path, cells: list[dict] | None = None) -> list[Uns
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"] if cells is None else cells
     known = set(CONFIG_VALUES)  # every number of GPT-2's configs, the code and the outputs
     percents: set[str] = set()  # the percentages the outputs show
+    printed = []  # everything the outputs show
     for cell in cells:
         if cell["cell_type"] == "code":
             known |= _values(_code_without_comments("".join(cell["source"])))
-            for output in cell.get("outputs", []):
-                text = "".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
-                known |= _values(text)
-                percents |= {m.group(1).replace(",", "") for m in PERCENT.finditer(text)}
+            printed += ["".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
+                        for output in cell.get("outputs", [])]
+    printed += full_run_outputs(path.name).values()
+    units: dict[str, set[str]] = {}
+    for text in printed:
+        known |= _values(text)
+        percents |= {m.group(1).replace(",", "") for m in PERCENT.finditer(text)}
+        for unit, values in _with_units(text).items():
+            units.setdefault(unit, set()).update(values)
     found = []
     for index, cell in enumerate(cells):
-        if cell["cell_type"] != "markdown" or EXERCISE in "".join(cell["source"]):
-            continue  # an exercise's statement sets its own numbers: they are the task, not a claim
+        if cell["cell_type"] != "markdown":
+            continue
+        if EXERCISE in "".join(cell["source"]):  # a statement: only what reads as a measurement is a claim
+            found += _statement_problems(path, index, cell, known, units)
+            continue
+        # an answer's time, memory or speed must be printed with its unit (the lessons' prose: the number will do)
+        answer = "solution" in cell.get("metadata", {}).get("tags", [])
         for sentence, voucher in _sentences(_strip("".join(cell["source"]))):
             if _sourced(voucher) or _sourced(sentence):
                 continue
@@ -177,7 +268,8 @@ def unsupported_numbers(path: Path, cells: list[dict] | None = None) -> list[Uns
                         continue
                 else:
                     value = (match.group("value") or match.group("decimal")).replace(",", "")
-                    if _printed(value, known, match.group("scale") or match.group("dscale") or ""):
+                    unit = _unit_after(sentence, match.end()) if answer and match.group("value") else None
+                    if _backed(value, unit, known, units, match.group("scale") or match.group("dscale") or ""):
                         continue
                 found.append(Unsupported(path.name, index, cell.get("id", "?"), match.group(0),
                                          " ".join(sentence.split())))

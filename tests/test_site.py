@@ -90,6 +90,8 @@ def test_every_lesson_has_a_page_without_hidden_solutions_or_markers(site, path)
 def test_worked_answers_are_closed_details(site, path):
     cells = nbformat.read(path, as_version=4).cells
     answers = [c for c in cells if c.cell_type == "markdown" and "solution" in c.metadata.get("tags", [])]
+    # an answer's code cell (tagged `answer`) is shown inside its answer's <details>, as is what it printed
+    answers += [c for c in cells if c.cell_type == "code" and "answer" in c.metadata.get("tags", [])]
     content = page(site, path).find("article")
     details = content.find_all("details")
     assert len(details) == sum(c.source.count("<details>") for c in cells if c.cell_type == "markdown") >= len(answers)
@@ -102,7 +104,8 @@ def test_worked_answers_are_closed_details(site, path):
     outside = " ".join(content.get_text().split())
     for cell in answers:
         lines = [" ".join(line.split()) for line in cell.source.splitlines()
-                 if len(line.strip()) > 20 and not re.search(r"[$`*\[\]<>\\|#]", line)]
+                 if len(line.strip()) > 20 and not MARKER.match(line)
+                 and (cell.cell_type == "code" or not re.search(r"[$`*\[\]<>\\|#]", line))]
         assert lines, f"{path.name}: a worked answer with no plain line to look for: {cell.source[:80]!r}"
         probe = max(lines, key=len)
         assert any(probe in text for text in inside), f"{path.name}: {probe!r} is not inside a <details>"

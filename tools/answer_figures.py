@@ -13,6 +13,7 @@ Run it alone on the machine (other jobs change the seconds, not the figures) and
 """
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -31,6 +32,16 @@ def is_answer(cell) -> bool:
     """A worked answer's code: a code cell tagged both `solution` and `answer`."""
     tags = cell.metadata.get("tags", [])
     return cell.cell_type == "code" and "solution" in tags and "answer" in tags
+
+
+def pasted_cell(cell):
+    """A fresh, unrun code cell holding `cell`'s code, as a learner pastes it at the end of the notebook."""
+    return nbformat.v4.new_code_cell(cell.source)
+
+
+def source_sha(source: str) -> str:
+    """A short fingerprint of an answer's code: the stored figures belong to this code."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def sized_answers(notebook) -> list:
@@ -73,7 +84,7 @@ def main(args: list[str]) -> None:
         answers = {}
         for cell in sized_answers(notebook):
             timing = cell.metadata.get("execution", {})
-            answers[cell.id] = {"output": output_text(cell)}
+            answers[cell.id] = {"output": output_text(cell), "source_sha": source_sha(cell.source)}
             if timing.get("iopub.execute_input") and timing.get("shell.execute_reply"):
                 began = datetime.datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
                 ended = datetime.datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))

@@ -6,7 +6,7 @@ the documents as pages, a table of contents in lesson order, next/previous links
 Sphinx with MyST-NB renders the notebooks as they are stored: nothing is executed. Before a notebook is parsed,
 its hidden solutions (code cells tagged `solution`, collapsed in JupyterLab) are left out, as in the slide decks,
 with a line that says where they are; worked answers (markdown cells tagged `solution`, one closed `<details>`
-block) stay and stay closed; nbdev's directives (`#| export`, `#| hide`, ...) and nbval's markers (`# NBVAL_...`)
+block) stay and stay closed, with their code cells (tagged `answer`) and what those printed inside the block; nbdev's directives (`#| export`, `#| hide`, ...) and nbval's markers (`# NBVAL_...`)
 are taken out of the code. MathJax is jupyter-server-mathjax's copy of MathJax 2 (as in the decks), copied into
 `_static/mathjax/`; the theme (Furo) ships its CSS and JavaScript and uses the system's fonts: no page asks the
 network for anything. A relative link to a folder (GitHub shows its listing) leads to a generated page that shows
@@ -109,6 +109,9 @@ def reader_notebook(text: str, docname: str) -> str:
     cells = []
     for cell in notebook.cells:
         if cell.cell_type == "code":
+            if "answer" in cell.metadata.get("tags", []) and cells and cells[-1].cell_type == "markdown":
+                cells[-1].source = with_answer_code(cells[-1].source, cell)
+                continue
             if "solution" in cell.metadata.get("tags", []):
                 cells.append(nbformat.v4.new_markdown_cell(HIDDEN, id=cell.id))
                 continue
@@ -120,6 +123,16 @@ def reader_notebook(text: str, docname: str) -> str:
         cells.append(cell)
     notebook.cells = cells
     return nbformat.writes(notebook)
+
+
+def with_answer_code(answer: str, cell) -> str:
+    """A worked answer's text with its code cell (and what the cell printed) inside its closed <details> block."""
+    code = "\n".join(line for line in cell.source.splitlines() if not MARKER.match(line)).strip("\n")
+    printed = "".join(o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
+                      for o in cell.get("outputs", [])).rstrip("\n")
+    shown = f"\n\n```python\n{code}\n```\n" + (f"\n```text\n{printed}\n```\n" if printed else "")
+    head, closing, tail = answer.rpartition("</details>")
+    return f"{head}{shown}\n{closing}{tail}" if closing else answer + shown
 
 
 def on_source_read(app, docname: str, source: list[str]) -> None:
