@@ -198,14 +198,15 @@ def _backed(value: str, unit: str | None, known: set[str], units: dict[str, set[
     return _printed(value, units.get(unit, set()), scale) if unit else _printed(value, known, scale)
 
 
-def _statement_problems(path: Path, index: int, cell: dict, known: set[str],
-                        units: dict[str, set[str]]) -> list[Unsupported]:
-    """The measured-looking numbers of an exercise's statement that are neither printed nor sourced."""
+def _statement_problems(path: Path, index: int, cell: dict, plain: tuple, full: tuple) -> list[Unsupported]:
+    """The measured-looking numbers of an exercise's statement that are neither printed nor sourced; `plain` and
+    `full` are (known numbers, numbers by unit) without and with the sized answers' full runs."""
     text = "\n".join(line for line in "".join(cell["source"]).splitlines() if EXERCISE not in line)
     found = []
     for sentence, voucher in _sentences(_strip(text)):
         if _sourced(voucher) or _sourced(sentence):
             continue
+        known, units = full if "answer_figures" in sentence + voucher else plain
         for match in STATEMENT_MEASURED.finditer(sentence):
             value = (match.group("about") or match.group("value")).replace(",", "")
             if not _backed(value, _unit_after(sentence, match.end()), known, units, match.group("scale") or ""):
@@ -240,25 +241,34 @@ def unsupported_numbers(path: Path, cells: list[dict] | None = None) -> list[Uns
             known |= _values(_code_without_comments("".join(cell["source"])))
             printed += ["".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
                         for output in cell.get("outputs", [])]
-    printed += full_run_outputs(path.name).values()
     units: dict[str, set[str]] = {}
     for text in printed:
         known |= _values(text)
         percents |= {m.group(1).replace(",", "") for m in PERCENT.finditer(text)}
         for unit, values in _with_units(text).items():
             units.setdefault(unit, set()).update(values)
+    # what the sized answers printed at full size (docs/answer_figures.json): backs only a cell that cites it
+    full_text = "".join(full_run_outputs(path.name).values())
+    full_known, full_percents = known | _values(full_text), percents | {
+        m.group(1).replace(",", "") for m in PERCENT.finditer(full_text)}
+    full_units = {unit: units.get(unit, set()) | values for unit, values in _with_units(full_text).items()}
+    full_units = {**units, **full_units}
+    base_known, base_percents, base_units = known, percents, units
     found = []
     for index, cell in enumerate(cells):
         if cell["cell_type"] != "markdown":
             continue
         if EXERCISE in "".join(cell["source"]):  # a statement: only what reads as a measurement is a claim
-            found += _statement_problems(path, index, cell, known, units)
+            found += _statement_problems(path, index, cell, (base_known, base_units), (full_known, full_units))
             continue
         # an answer's time, memory or speed must be printed with its unit (the lessons' prose: the number will do)
         answer = "solution" in cell.get("metadata", {}).get("tags", [])
+        cites_full_run = "answer_figures" in "".join(cell["source"])  # an answer that quotes its full run
         for sentence, voucher in _sentences(_strip("".join(cell["source"]))):
             if _sourced(voucher) or _sourced(sentence):
                 continue
+            known, percents, units = (full_known, full_percents, full_units) if cites_full_run else (
+                base_known, base_percents, base_units)
             for match in MEASURED.finditer(sentence):
                 if VERSION.search(sentence[:match.start()]):
                     continue
