@@ -12,8 +12,8 @@ output; tests/test_prose_numbers.py checks every number of the answer's text aga
 * the full-size figures: an answer that runs small under the tests (course_lib.checks.answer_size) quotes its full
   run, stored by `python tools/answer_figures.py` in docs/answer_figures.json for the answer's present code, and
   every number of a sentence that cites that command is one the full run printed;
-* pasted at the end: conftest.py runs the first answer of every notebook again after the notebook's last cell; a
-  notebook built here shows that such a run fails when a later cell removes a name the answer uses;
+* pasted at the end: conftest.py runs one answer of every notebook (answer_figures.answer_to_paste) again after
+  the last cell; a notebook built here shows that such a run fails when a later cell removes a name the answer uses;
 * put back: each answer and sentence that issue 43 found false or typed in, put back as it was, is caught again.
 """
 from __future__ import annotations
@@ -242,7 +242,7 @@ def _nbval(path: Path) -> subprocess.CompletedProcess:
 
 
 def test_an_answer_pasted_at_the_end_runs_there_or_fails(tmp_path):
-    """conftest.py's extra item runs the first answer after the last cell: with `del answer` after it, the answer
+    """conftest.py's extra item runs the answer again after the last cell: with `del answer` after it, the answer
     fails there (NameError), though every cell passes where it stands; without that cell it passes."""
     failing = _nbval(_demo_notebook(tmp_path, PASTE_DEMO))
     assert "Cell 1 pasted at the end FAILED" in failing.stdout and "NameError" in failing.stdout, failing.stdout

@@ -7,12 +7,15 @@ An exercise is a markdown cell that opens with `### Exercise N: title`. Before t
   stays out of sight until the learner opens it (and out of the slide decks, like hidden code solutions)."""
 
 import re
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from answer_figures import is_answer  # noqa: E402  (a worked answer's own code cell: it runs, not against a check)
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 EXERCISE = re.compile(r"### Exercise (\d+): \S")
 
@@ -35,15 +38,12 @@ def is_solution(cell):
     return "solution" in cell.metadata.get("tags", [])
 
 
-def is_answer_code(cell):
-    """A worked answer's own code cell (tags `solution` and `answer`): it runs in the notebook, not against a check."""
-    return cell.cell_type == "code" and "answer" in cell.metadata.get("tags", [])
 
 
 def answer_kind(cells) -> str | None:
     """'checked' for a hidden solution followed by a check, 'worked' for a collapsed written answer."""
     for position, cell in enumerate(cells):
-        if cell.cell_type == "code" and is_solution(cell) and not is_answer_code(cell):
+        if cell.cell_type == "code" and is_solution(cell) and not is_answer(cell):
             later = cells[position + 1:]
             if any(c.cell_type == "code" and re.search(r"\bcheck_\w+\(", c.source) and "course_lib.checks" in c.source
                    for c in later):
@@ -86,9 +86,9 @@ def checked_solutions():
     found = []
     for path in NOTEBOOKS:
         for _, title, cells in exercises(nbformat.read(path, as_version=4)):
-            solutions = [c for c in cells if c.cell_type == "code" and is_solution(c) and not is_answer_code(c)]
+            solutions = [c for c in cells if c.cell_type == "code" and is_solution(c) and not is_answer(c)]
             checks = [c.source for c in cells if c.cell_type == "code" and "course_lib.checks" in c.source
-                      and not is_answer_code(c)]
+                      and not is_answer(c)]
             if solutions and checks:
                 cell_id = solutions[0].get("id", title)
                 found.append(pytest.param(path, solutions[0].source, "\n".join(checks), id=f"{path.stem}-{cell_id}"))

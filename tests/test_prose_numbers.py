@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import answer_figures  # noqa: E402  (tools/ is not a package)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OLD_CLAIMS = Path(__file__).with_name("prose_claims_before_issue_28.json")
 
@@ -67,7 +71,6 @@ STATEMENT_MEASURED = re.compile(
     rf"(?:\babout|\baround|\broughly|~)\s?(?P<about>{NUMBER})"
     rf"|{ALONE}(?P<value>{NUMBER})(?P<scale>[KMB]?)\s?(?=(?:ms|µs|s|seconds?|minutes?|min|hours?|tokens/s|GB/s|MB/s|"
     rf"FLOP/s|it/s)\b)")
-FIGURES = ROOT / "docs" / "answer_figures.json"
 # Units of time, memory, disk and throughput: a number written with one is matched only by an output that prints
 # it with the same unit ("about 20 s" is not backed by a 20 printed as a step count)
 PHYSICAL = {"s": "s", "sec": "s", "second": "s", "seconds": "s", "ms": "ms", "µs": "µs", "us": "µs", "min": "min",
@@ -164,19 +167,19 @@ def _printed(value: str, known: set[str], scale: str = "") -> bool:
     return False
 
 
-def _sourced(sentence: str) -> bool:
-    if "answer_figures" in sentence:  # checked against docs/answer_figures.json, which `known` holds
+def _sourced(sentence: str, answer: bool = False) -> bool:
+    """Whether a sentence names its source. A sentence citing tools/answer_figures.py is checked against the full run
+    instead; an answer's sentence is not excused by naming a reference implementation (its code prints the figure)."""
+    if "answer_figures" in sentence:
         return False
-    return (bool(PAPER.search(sentence) or REFERENCE.search(sentence) or QUESTION.search(sentence))
+    reference = REFERENCE.search(sentence) and not answer
+    return (bool(PAPER.search(sentence) or reference or QUESTION.search(sentence))
             or bool(MEASUREMENT_SOURCE.search(sentence) and DATE.search(sentence)))
 
 
 def full_run_outputs(notebook: str) -> dict[str, str]:
     """What each answer cell of `notebook` printed at full size (cell id -> text), from docs/answer_figures.json."""
-    if not FIGURES.exists():
-        return {}
-    entry = json.loads(FIGURES.read_text(encoding="utf-8")).get("notebooks", {}).get(notebook, {})
-    return {cell_id: answer["output"] for cell_id, answer in entry.get("answers", {}).items()}
+    return {cell_id: answer["output"] for cell_id, answer in answer_figures.full_run(notebook).get("answers", {}).items()}
 
 
 def _with_units(text: str) -> dict[str, set[str]]:
@@ -230,45 +233,63 @@ def _sentences(prose: str) -> list[tuple[str, str]]:
     return pieces
 
 
-def unsupported_numbers(path: Path, cells: list[dict] | None = None) -> list[Unsupported]:
-    """Every measured number in the markdown of the notebook at `path` that is neither printed nor sourced."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"] if cells is None else cells
-    known = set(CONFIG_VALUES)  # every number of GPT-2's configs, the code and the outputs
-    percents: set[str] = set()  # the percentages the outputs show
-    printed = []  # everything the outputs show
-    for cell in cells:
-        if cell["cell_type"] == "code":
-            known |= _values(_code_without_comments("".join(cell["source"])))
-            printed += ["".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
-                        for output in cell.get("outputs", [])]
+def _evidence(code_cells: list[dict], extra_outputs: list[str] = ()) -> tuple[set[str], set[str], dict[str, set[str]]]:
+    """What `code_cells` (and `extra_outputs`) can back: (the numbers of their code and outputs with GPT-2's
+    configurations, the percentages they print, the numbers they print with a unit of time, memory or speed)."""
+    known = set(CONFIG_VALUES)
+    printed = list(extra_outputs)
+    for cell in code_cells:
+        known |= _values(_code_without_comments("".join(cell["source"])))
+        printed += ["".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
+                    for output in cell.get("outputs", [])]
+    percents: set[str] = set()
     units: dict[str, set[str]] = {}
     for text in printed:
         known |= _values(text)
         percents |= {m.group(1).replace(",", "") for m in PERCENT.finditer(text)}
         for unit, values in _with_units(text).items():
             units.setdefault(unit, set()).update(values)
-    # what the sized answers printed at full size (docs/answer_figures.json): backs only a cell that cites it
-    full_text = "".join(full_run_outputs(path.name).values())
-    full_known, full_percents = known | _values(full_text), percents | {
-        m.group(1).replace(",", "") for m in PERCENT.finditer(full_text)}
-    full_units = {unit: units.get(unit, set()) | values for unit, values in _with_units(full_text).items()}
-    full_units = {**units, **full_units}
-    base_known, base_percents, base_units = known, percents, units
+    return known, percents, units
+
+
+def _answer_cells(cells: list[dict], index: int) -> list[dict]:
+    """The code cells tagged `answer` right under the answer text at `index`."""
+    found = []
+    for cell in cells[index + 1:]:
+        if cell["cell_type"] != "code" or "answer" not in cell.get("metadata", {}).get("tags", []):
+            break
+        found.append(cell)
+    return found
+
+
+def unsupported_numbers(path: Path, cells: list[dict] | None = None) -> list[Unsupported]:
+    """Every measured number in the markdown of the notebook at `path` that is neither printed nor sourced."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"] if cells is None else cells
+    code = [cell for cell in cells if cell["cell_type"] == "code"]
+    notebook = _evidence(code)  # what backs the lessons' prose: every number of the code and the outputs
+    full_runs = full_run_outputs(path.name)
     found = []
     for index, cell in enumerate(cells):
         if cell["cell_type"] != "markdown":
             continue
-        if EXERCISE in "".join(cell["source"]):  # a statement: only what reads as a measurement is a claim
-            found += _statement_problems(path, index, cell, (base_known, base_units), (full_known, full_units))
+        source = "".join(cell["source"])
+        if EXERCISE in source:  # a statement: only what reads as a measurement is a claim
+            known, _, units = notebook
+            everything = _evidence(code, list(full_runs.values()))
+            found += _statement_problems(path, index, cell, (known, units), (everything[0], everything[2]))
             continue
-        # an answer's time, memory or speed must be printed with its unit (the lessons' prose: the number will do)
+        # A worked answer is backed by its own code cells, their output and, when it cites it, their full run; its
+        # time, memory or speed must be printed with its unit. The lessons' prose: the whole notebook, number only.
         answer = "solution" in cell.get("metadata", {}).get("tags", [])
-        cites_full_run = "answer_figures" in "".join(cell["source"])  # an answer that quotes its full run
-        for sentence, voucher in _sentences(_strip("".join(cell["source"]))):
-            if _sourced(voucher) or _sourced(sentence):
+        if answer:
+            own = _answer_cells(cells, index)
+            runs = [full_runs[c["id"]] for c in own if c.get("id") in full_runs] if "answer_figures" in source else []
+            known, percents, units = _evidence(own, runs)
+        else:
+            known, percents, units = notebook
+        for sentence, voucher in _sentences(_strip(source)):
+            if _sourced(voucher, answer) or _sourced(sentence, answer):
                 continue
-            known, percents, units = (full_known, full_percents, full_units) if cites_full_run else (
-                base_known, base_percents, base_units)
             for match in MEASURED.finditer(sentence):
                 if VERSION.search(sentence[:match.start()]):
                     continue

@@ -34,6 +34,22 @@ def is_answer(cell) -> bool:
     return cell.cell_type == "code" and "solution" in tags and "answer" in tags
 
 
+def full_run(notebook: str) -> dict:
+    """The stored full run of `notebook`'s sized answers (its name, e.g. "09_training.ipynb"): {"date", "machine",
+    "answers": {cell id: {"output", "source_sha", "seconds"}}, ...}, or {} when it has none."""
+    if not FIGURES.exists():
+        return {}
+    return json.loads(FIGURES.read_text(encoding="utf-8")).get("notebooks", {}).get(notebook, {})
+
+
+def answer_to_paste(code_cells: list) -> int | None:
+    """Which of a notebook's code cells conftest.py runs again after the last one, as a learner who pastes an answer
+    at the end would: the first answer that does not read answer_size (a cheap one), else the last answer."""
+    answers = [number for number, cell in enumerate(code_cells) if is_answer(cell)]
+    unsized = [number for number in answers if SIZED not in code_cells[number].source]
+    return (unsized or answers[-1:] or [None])[0]
+
+
 def pasted_cell(cell):
     """A fresh, unrun code cell holding `cell`'s code, as a learner pastes it at the end of the notebook."""
     return nbformat.v4.new_code_cell(cell.source)

@@ -23,6 +23,9 @@ import nbformat
 from sphinx.application import Sphinx
 from sphinx.deprecation import RemovedInSphinx11Warning
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from answer_figures import full_run, is_answer  # noqa: E402  (tools/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "site"
 FOLDERS = ROOT / "build" / "site_folders"  # the generated folder pages (a Sphinx source, inside ROOT)
@@ -109,8 +112,8 @@ def reader_notebook(text: str, docname: str) -> str:
     cells = []
     for cell in notebook.cells:
         if cell.cell_type == "code":
-            if "answer" in cell.metadata.get("tags", []) and cells and cells[-1].cell_type == "markdown":
-                cells[-1].source = with_answer_code(cells[-1].source, cell)
+            if is_answer(cell) and cells and cells[-1].cell_type == "markdown":
+                cells[-1].source = with_answer_code(cells[-1].source, cell, full_run(Path(docname).name))
                 continue
             if "solution" in cell.metadata.get("tags", []):
                 cells.append(nbformat.v4.new_markdown_cell(HIDDEN, id=cell.id))
@@ -125,14 +128,28 @@ def reader_notebook(text: str, docname: str) -> str:
     return nbformat.writes(notebook)
 
 
-def with_answer_code(answer: str, cell) -> str:
-    """A worked answer's text with its code cell (and what the cell printed) inside its closed <details> block."""
+def with_answer_code(answer: str, cell, full_run: dict) -> str:
+    """A worked answer's text with its code cell inside its closed <details> block, and what the code printed: for
+    an answer that runs small under the tests (answer_size), what its full run printed (docs/answer_figures.json),
+    the size the text quotes; otherwise the stored output, figures included."""
     code = "\n".join(line for line in cell.source.splitlines() if not MARKER.match(line)).strip("\n")
-    printed = "".join(o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
-                      for o in cell.get("outputs", [])).rstrip("\n")
-    shown = f"\n\n```python\n{code}\n```\n" + (f"\n```text\n{printed}\n```\n" if printed else "")
+    shown = [f"```python\n{code}\n```"]
+    if cell.id in full_run.get("answers", {}):
+        printed = "\n".join(line for line in full_run["answers"][cell.id]["output"].splitlines()
+                            if not line.startswith("<Figure size"))  # the figure's repr, not the figure
+        shown.append(f"At full size (`python tools/answer_figures.py`, {full_run['date']}) it printed:")
+        shown.append(f"```text\n{printed.strip()}\n```")
+    else:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/png" in data:
+                shown.append(f'<img alt="the figure this answer draws" src="data:image/png;base64,'
+                             f'{data["image/png"].strip()}">')
+            elif output.get("text") or data.get("text/plain"):
+                shown.append(f"```text\n{(output.get('text') or data['text/plain']).rstrip()}\n```")
     head, closing, tail = answer.rpartition("</details>")
-    return f"{head}{shown}\n{closing}{tail}" if closing else answer + shown
+    block = "\n\n" + "\n\n".join(shown) + "\n\n"
+    return f"{head}{block}{closing}{tail}" if closing else answer + block
 
 
 def on_source_read(app, docname: str, source: list[str]) -> None:
