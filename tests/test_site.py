@@ -25,7 +25,7 @@ from test_browser import ARTIFACTS, Visit, browser  # noqa: F401 (the fixture, s
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from build_site import LESSONS, MARKER, OUT, build_site, documents  # noqa: E402
+from build_site import LESSONS, MARKER, OUT, build_site, documents, is_answer  # noqa: E402
 
 SCREENSHOT_LESSON = "05_attention"  # maths, a figure from images/ and plots among its outputs
 MATH = ".math.notranslate"  # a formula, as Sphinx writes it (MathJax's own output has class "math" too)
@@ -63,14 +63,17 @@ def test_every_lesson_has_a_page_without_hidden_solutions_or_markers(site, path)
     assert soup.find("h1").get_text().rstrip("¶").strip() == re.sub(r"[*_`]", "", title)
 
     # the stored outputs are shown: every figure, and the text of the last printed output
-    figures = sum("image/png" in o.get("data", {}) for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
+    figures = sum("image/png" in o.get("data", {}) for c in notebook.cells if c.cell_type == "code" and not is_answer(c)
+                  for o in c.outputs)
     assert len(soup.select("div.cell_output img")) == figures
     printed = [o.text for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])
                for o in c.outputs if o.output_type == "stream" and o.text.strip()]
     assert printed and printed[-1].strip().splitlines()[-1] in text
 
-    # no line of a hidden solution that the lesson does not show elsewhere
-    hidden = [c for c in notebook.cells if c.cell_type == "code" and "solution" in c.metadata.get("tags", [])]
+    # no line of a hidden solution that the lesson does not show elsewhere (a worked answer's code is shown, inside
+    # its closed answer: test_worked_answers_are_closed_details)
+    hidden = [c for c in notebook.cells if c.cell_type == "code" and "solution" in c.metadata.get("tags", [])
+              and not is_answer(c)]
     shown = "\n".join(c.source + "".join(o.get("text", "") for o in c.get("outputs", [])) for c in notebook.cells
                       if c not in hidden)
     for cell in hidden:
@@ -90,8 +93,6 @@ def test_every_lesson_has_a_page_without_hidden_solutions_or_markers(site, path)
 def test_worked_answers_are_closed_details(site, path):
     cells = nbformat.read(path, as_version=4).cells
     answers = [c for c in cells if c.cell_type == "markdown" and "solution" in c.metadata.get("tags", [])]
-    # an answer's code cell (tagged `answer`) is shown inside its answer's <details>, as is what it printed
-    answers += [c for c in cells if c.cell_type == "code" and "answer" in c.metadata.get("tags", [])]
     content = page(site, path).find("article")
     details = content.find_all("details")
     assert len(details) == sum(c.source.count("<details>") for c in cells if c.cell_type == "markdown") >= len(answers)
@@ -102,7 +103,8 @@ def test_worked_answers_are_closed_details(site, path):
     for detail in details:
         detail.decompose()
     outside = " ".join(content.get_text().split())
-    for cell in answers:
+    # an answer's code cells (tagged `answer`) are shown inside its <details> too, with what they printed
+    for cell in answers + [c for c in cells if is_answer(c)]:
         lines = [" ".join(line.split()) for line in cell.source.splitlines()
                  if len(line.strip()) > 20 and not MARKER.match(line)
                  and (cell.cell_type == "code" or not re.search(r"[$`*\[\]<>\\|#]", line))]
