@@ -54,8 +54,8 @@ _figure_check_profile()
 
 
 # A learner may paste a worked answer into a fresh cell at the end of a notebook and run it there. nbval runs each
-# answer where it stands; this hook also runs one answer of every notebook a second time (its first answer that
-# does not read answer_size, or, where all do, its last: the cheapest to repeat), in the same kernel,
+# answer where it stands; this hook also runs one answer of every notebook a second time (its last answer that
+# does not read answer_size, or, where all do, its last: a cheap one to repeat), in the same kernel,
 # after the notebook's last cell (an extra test item, "Cell N pasted at the end"): it fails if the answer uses a name
 # that a later cell rebinds or a state that a later cell changes. Its output is not compared, only its errors.
 def pytest_collection_modifyitems(config, items):

@@ -44,10 +44,10 @@ def full_run(notebook: str) -> dict:
 
 def answer_to_paste(code_cells: list) -> int | None:
     """Which of a notebook's code cells conftest.py runs again after the last one, as a learner who pastes an answer
-    at the end would: the first answer that does not read answer_size (a cheap one), else the last answer."""
+    at the end would: the last answer that does not read answer_size (a cheap one), else the last answer."""
     answers = [number for number, cell in enumerate(code_cells) if is_answer(cell)]
     unsized = [number for number in answers if SIZED not in code_cells[number].source]
-    return (unsized or answers[-1:] or [None])[0]
+    return (unsized or answers or [None])[-1]
 
 
 def pasted_cell(cell):
