@@ -142,6 +142,18 @@ def test_answer_cells_are_hidden_run_and_under_their_answer(path):
     assert not problems, "\n".join(problems)
 
 
+def test_answer_size_reads_the_setting(monkeypatch):
+    from course_lib.checks import answer_size
+
+    monkeypatch.setenv("COURSE_ANSWER_SIZE", "small")
+    assert answer_size(full=300, small=20) == 20
+    monkeypatch.delenv("COURSE_ANSWER_SIZE")
+    assert answer_size(full=300, small=20) == 300  # a learner's run
+    monkeypatch.setenv("COURSE_ANSWER_SIZE", "tiny")
+    with pytest.raises(ValueError, match="COURSE_ANSWER_SIZE='tiny'.*'full'.*'small'"):
+        answer_size(full=300, small=20)
+
+
 def test_every_notebook_has_an_answer_that_runs():
     """Each notebook has at least one answer cell with code: the one conftest.py pastes at its end."""
     missing = [p.name for p in NOTEBOOKS if not any(answer_figures.is_answer(c) for c in notebook(p).cells)]

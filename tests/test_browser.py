@@ -185,11 +185,13 @@ STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']
 
 def lesson_facts(path):
     """The lesson's title, its number of code cells that show their code (a hidden solution shows no prompt), its
-    number of figures and the first line of the cell that draws the first one, as committed."""
+    number of figures shown (not those of a worked answer, whose output is folded) and the first line of the cell
+    that draws the first one, as committed."""
     cells = nbformat.read(path, as_version=4).cells
     code = [c for c in cells if c.cell_type == "code"]
     shown = [c for c in code if not c.metadata.get("jupyter", {}).get("source_hidden")]
-    drawn = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
+    drawn = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)
+             and not c.metadata.get("jupyter", {}).get("outputs_hidden")]  # a worked answer's figure stays folded
     assert drawn, f"{path.name} draws no figure: choose another lesson for the browser tests"
     title = next(c for c in cells if c.cell_type == "markdown").source.splitlines()[0].lstrip("# ").strip()
     return title, len(shown), len(drawn), drawn[0].source.splitlines()[0]
@@ -287,11 +289,13 @@ def test_jupyterlab_runs_a_lesson_and_draws_its_figures(browser, jupyterlab):
                 break
             except PlaywrightTimeout:
                 continue
-        # the last code cell ran (Run All stops at the first error, so wait for that too), none shows an error,
-        # and every code cell that shows its code has a number
+        # the last code cell that shows its code ran (a hidden answer cell's prompt stays empty; Run All stops at
+        # the first error, so wait for that too), none shows an error, and every code cell that shows its code has
+        # a number
         page.wait_for_function(
             """s => document.querySelector(s) || /\\[[0-9]+\\]/.test(
-                   [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].at(-1).textContent)""",
+                   [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+                   .filter(p => p.textContent.trim()).at(-1).textContent)""",
             arg=STDERR, timeout=120_000)
         errors = page.locator(STDERR)
         assert errors.count() == 0, f"{LESSON.name}: a cell shows an error:\n{errors.first.text_content()[-2000:]}"
