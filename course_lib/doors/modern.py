@@ -97,7 +97,8 @@ def hf_config(hf, source: str) -> None:
     require_type("hf", hf, dict, "pass the parsed config.json: json.loads(path.read_text())")
     if hf.get("model_type") not in HF_MODEL_TYPES:
         raise ValueError(f"{source}: model_type {hf.get('model_type')!r}; load_modern reads {HF_MODEL_TYPES} "
-                         "(for GPT-2 use load_gpt2 of notebook 10)")
+                         "(for GPT-2 use load_gpt2 of notebook 10; for Mistral, Gemma 2 and Gemma 3 load_long of "
+                         "notebook 17, course_lib.long_context)")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # transformers 5 names, then older ones
     if not isinstance(rope, dict):
         raise ValueError(f"{source}: rope_parameters (or rope_scaling) is {rope!r}, not an object: save the folder "
@@ -109,7 +110,9 @@ def hf_config(hf, source: str) -> None:
                f"hidden_act {hf.get('hidden_act')!r}": hf.get("hidden_act", "silu") != "silu"}
     if any(refused.values()):
         raise ValueError(f"{source}: {', '.join(k for k, v in refused.items() if v)}: not built in ModernGPT, which "
-                         "has plain rotary angles, no biases, full attention and SwiGLU; use transformers for it")
+                         "has plain rotary angles, no biases, full attention and SwiGLU; stretched angles (llama3, "
+                         "yarn, linear) and sliding windows load with load_long of notebook 17 "
+                         "(course_lib.long_context); the rest needs transformers")
     for key in HF_REQUIRED:
         if key not in hf:
             raise ValueError(f"{source} has no {key!r}: it is not a complete {hf['model_type']} config.json; "

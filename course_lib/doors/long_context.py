@@ -1,0 +1,192 @@
+"""Not a lesson: the doors of notebook 17 (course_lib/long_context.py): a LongConfig's new fields (known choices, a
+window, one type per layer, the numbers each rotary stretch needs), the arguments of the stretches, the window mask
+and the ring cache, and a Hugging Face folder of the families load_long reads (its config.json and its tensors,
+refused before anything is built). The forwards have none: what reaches them was checked at the edge."""
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..guards import require_bool, require_int, require_number, require_type, require_weight
+from . import modern as modern_door
+
+LONG_FIELDS = ("rope_type", "rope_factor", "original_context", "low_freq_factor", "high_freq_factor", "beta_fast",
+               "beta_slow", "attention_factor", "sliding_window", "layer_types", "local_rope_theta", "gate_act",
+               "post_norms", "embed_scale", "query_scale", "attn_softcap", "final_softcap")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+GATES = ("silu", "gelu_tanh")
+
+
+def _positive(name: str, value, why: str = "") -> None:
+    require_number(name, value, 0, math.inf, low_open=True, high_open=True, **({"why": why} if why else {}))
+
+
+def long_fields(cfg) -> None:
+    """LongConfig's __post_init__: known choices, and the numbers each switch needs, named by their field."""
+    if cfg.rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {cfg.rope_type!r}")
+    if cfg.gate_act not in GATES:
+        raise ValueError(f"gate_act must be one of {GATES}, got {cfg.gate_act!r}")
+    if cfg.gate_act != "silu" and cfg.ffn != "swiglu":
+        raise ValueError(f"gate_act {cfg.gate_act!r} with ffn {cfg.ffn!r}: a gate needs the gated feed-forward; "
+                         "set ffn='swiglu' (its gate then uses gate_act)")
+    if cfg.rope_type != "default":
+        if cfg.positions != "rotary":
+            raise ValueError(f"rope_type {cfg.rope_type!r} with positions {cfg.positions!r}: stretching the angles "
+                             "needs rotary positions; set positions='rotary'")
+        _positive("rope_factor", cfg.rope_factor, "it is how many times longer the context becomes")
+    if cfg.rope_type in ("llama3", "yarn"):
+        if cfg.original_context is None:
+            raise ValueError(f"rope_type {cfg.rope_type!r} needs original_context, the context the model was "
+                             "pretrained at (Llama 3.2: 8192)")
+        require_int("original_context", cfg.original_context, minimum=1)
+    if cfg.rope_type == "llama3":
+        _positive("low_freq_factor", cfg.low_freq_factor)
+        if not cfg.high_freq_factor > cfg.low_freq_factor:
+            raise ValueError(f"high_freq_factor {cfg.high_freq_factor} must be above low_freq_factor "
+                             f"{cfg.low_freq_factor}: the blend runs from one to the other (Llama 3: 4 and 1)")
+    if cfg.rope_type == "yarn":
+        _positive("beta_slow", cfg.beta_slow)
+        if not cfg.beta_fast > cfg.beta_slow:
+            raise ValueError(f"beta_fast {cfg.beta_fast} must be above beta_slow {cfg.beta_slow}: the ramp runs "
+                             "from the pairs that turn beta_fast times to those that turn beta_slow times (32 and 1)")
+    for name in ("attention_factor", "local_rope_theta", "query_scale", "attn_softcap", "final_softcap"):
+        if getattr(cfg, name) is not None:
+            _positive(name, getattr(cfg, name))
+    if cfg.local_rope_theta is not None and cfg.local_rope_theta <= 1:
+        raise ValueError(f"local_rope_theta {cfg.local_rope_theta} must be above 1: {modern_door.THETA_WHY}")
+    if cfg.sliding_window is not None:
+        require_int("sliding_window", cfg.sliding_window, minimum=1)
+    if cfg.layer_types is not None:
+        if not isinstance(cfg.layer_types, tuple) or len(cfg.layer_types) != cfg.n_layers:
+            raise ValueError(f"layer_types must be a tuple of n_layers={cfg.n_layers} entries, 'local' or 'global', "
+                             f"got {cfg.layer_types!r}")
+        if any(kind not in ("local", "global") for kind in cfg.layer_types):
+            raise ValueError(f"layer_types holds {sorted(set(cfg.layer_types) - {'local', 'global'})}: each entry is "
+                             "'local' (the sliding window) or 'global' (every earlier token)")
+        if "local" in cfg.layer_types and cfg.sliding_window is None:
+            raise ValueError("layer_types has local layers but sliding_window is None: set the window they use")
+    for name in ("post_norms", "embed_scale"):
+        require_bool(name, getattr(cfg, name))
+    if cfg.embed_scale and cfg.positions != "rotary":
+        raise ValueError("embed_scale with learned positions: the scale multiplies the token table of a rotary "
+                         "model (Gemma); set positions='rotary'")
+
+
+def long_config(cfg, fix: str = "build one with LongConfig(...); LongConfig() is GPT-2") -> None:
+    """A LongConfig, known by its switches (so the notebook's own class, before its export, passes too)."""
+    modern_door.modern_config(cfg, fix)
+    if not all(hasattr(cfg, name) for name in LONG_FIELDS):
+        raise TypeError(f"cfg must be a LongConfig, got {type(cfg).__name__}: {fix}")
+
+
+def scaling(inv_freq, cfg, kind: str) -> None:
+    """llama3_inv_freq: a LongConfig of that rope_type, and the speeds as a 1-D float tensor."""
+    long_config(cfg)
+    if cfg.rope_type != kind:
+        raise ValueError(f"cfg.rope_type is {cfg.rope_type!r}: this is the {kind!r} stretch; build the config with "
+                         f"rope_type={kind!r} and its numbers")
+    if not isinstance(inv_freq, Tensor) or inv_freq.dim() != 1 or not inv_freq.is_floating_point():
+        raise TypeError(f"inv_freq must be a 1-D float tensor (head_dim / 2,), Rotary(...).inv_freq(), got "
+                        f"{getattr(inv_freq, 'shape', type(inv_freq).__name__)}")
+
+
+def yarn_ramp(cfg, theta, pairs) -> None:
+    """yarn_ramp: a YaRN LongConfig, a theta above 1, and at least one pair."""
+    scaling(torch.ones(1), cfg, "yarn")
+    require_number("theta", theta, 1, math.inf, low_open=True, high_open=True, why=modern_door.THETA_WHY)
+    require_int("pairs", pairs, minimum=1)
+
+
+def window_may_attend(query_columns, key_columns, window) -> None:
+    """window_may_attend: two 1-D integer tensors of columns on one device, and a window of at least 1 or None."""
+    for name, columns in (("query_columns", query_columns), ("key_columns", key_columns)):
+        if not isinstance(columns, Tensor) or columns.dim() != 1 or columns.is_floating_point():
+            raise TypeError(f"{name} must be a 1-D integer tensor of stream positions (torch.arange(...)), got "
+                            f"{getattr(columns, 'shape', type(columns).__name__)}")
+    if query_columns.device != key_columns.device:
+        raise ValueError(f"query_columns are on {query_columns.device}, key_columns on {key_columns.device}: put "
+                         "both on the model's device")
+    if window is not None:
+        require_int("window", window, minimum=1)
+
+
+def ring_kv_cache(window) -> None:
+    """RingKVCache(window): at least one slot."""
+    require_int("window", window, minimum=1)
+
+
+def ring_crop(cache, length) -> None:
+    """RingKVCache.crop: 0 (forget all) or the length it has (nothing to forget); any other length would need
+    positions whose slots already hold later ones."""
+    require_int("length", length, minimum=0)
+    if length not in (0, len(cache)):
+        raise ValueError(f"a RingKVCache of window {cache.window} holding {len(cache)} positions cannot crop to "
+                         f"{length}: the slots of earlier positions are overwritten; crop to 0 and refill, or use "
+                         "a KVCache (it keeps every position) where you need to step back (speculative decoding)")
+
+
+def ring_cache_bytes(cfg, tokens, batch, bytes_per_number) -> None:
+    """ring_cache_bytes: a LongConfig, and counts (tokens may be 0)."""
+    long_config(cfg, "pass the model's LongConfig")
+    modern_door.kv_cache_bytes(cfg, tokens, batch, bytes_per_number)
+
+
+def hf_config(hf, source: str) -> None:
+    """long_config_from_hf: a parsed config.json of a family load_long reads, with nothing LongGPT does not build;
+    the Llama part is checked by notebook 16's door when modern_config_from_hf reads it."""
+    from ..long_context import HF_LONG_TYPES, hf_rope  # this lesson's own: imported when called, no import cycle
+    require_type("hf", hf, dict, "pass the parsed config.json: json.loads(path.read_text())")
+    if hf.get("model_type") not in HF_LONG_TYPES:
+        raise ValueError(f"{source}: model_type {hf.get('model_type')!r}; load_long reads {HF_LONG_TYPES} (for "
+                         "GPT-2 use load_gpt2 of notebook 10)")
+    rope, _ = hf_rope(hf)
+    refused = {f"rope_type {rope['rope_type']!r}": rope["rope_type"] not in ROPE_TYPES,
+               "YaRN's mscale and mscale_all_dim (DeepSeek)": bool(rope.get("mscale") or rope.get("mscale_all_dim")),
+               "YaRN without truncation (truncate: false)": rope.get("truncate", True) is False,
+               "partial rotary (partial_rotary_factor)": rope.get("partial_rotary_factor", 1.0) != 1.0,
+               "Qwen's sliding window (use_sliding_window)": hf.get("use_sliding_window", False),
+               "bidirectional attention": bool(hf.get("use_bidirectional_attention")),
+               "attention_bias": hf.get("attention_bias", False), "mlp_bias": hf.get("mlp_bias", False)}
+    act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
+    refused[f"hidden activation {act!r}"] = act not in (("gelu_pytorch_tanh",) if hf["model_type"].startswith("gemma")
+                                                       else ("silu",))
+    if any(refused.values()):
+        raise ValueError(f"{source}: {', '.join(k for k, v in refused.items() if v)}: not built in LongGPT; use "
+                         "transformers for it")
+    if rope["rope_type"] in ("llama3", "yarn") and "original_max_position_embeddings" not in rope:
+        raise ValueError(f"{source}: rope {rope['rope_type']!r} without original_max_position_embeddings: save the "
+                         "folder again with save_pretrained")
+    if rope["rope_type"] != "default" and "factor" not in rope:
+        raise ValueError(f"{source}: rope {rope['rope_type']!r} without its factor: save the folder again with "
+                         "save_pretrained")
+    if hf.get("layer_types") is not None:
+        known = ("sliding_attention", "full_attention")
+        if not isinstance(hf["layer_types"], list) or any(t not in known for t in hf["layer_types"]):
+            raise ValueError(f"{source}: layer_types must list {known} per layer, got {hf['layer_types']!r}")
+
+
+def hf_state(hf_state, cfg, names: dict[str, str], source: str) -> None:
+    """long_state_from_hf: every tensor the map names, none more, each finite and of LongGPT(cfg)'s shape."""
+    from ..long_context import LongGPT  # this lesson's own class: imported when called, so no import cycle
+    require_type("hf_state", hf_state, dict, "pass the tensors of the checkpoint, name -> tensor (safetensors' "
+                 "load_file)")
+    stored_head = cfg.tie_weights and {"lm_head.weight", "model.embed_tokens.weight"} <= hf_state.keys()
+    missing = sorted(names.keys() - hf_state.keys())
+    unknown = sorted(hf_state.keys() - names.keys() - ({"lm_head.weight"} if stored_head else set()))
+    if missing or unknown:
+        raise ValueError(f"{source}: the weights do not fit its config.json: missing {missing[:3]}, not expected "
+                         f"{unknown[:3]} ({len(missing)} and {len(unknown)} in all)")
+    with torch.device("meta"):  # the shapes only
+        shapes = {name: tuple(p.shape) for name, p in LongGPT(cfg).state_dict().items()}
+    for theirs, ours in names.items():
+        require_weight(source, theirs, hf_state[theirs], shapes[ours])
+    if stored_head and not torch.equal(hf_state["lm_head.weight"], hf_state["model.embed_tokens.weight"]):
+        raise ValueError(f"{source}: tie_word_embeddings is true but lm_head.weight differs from "
+                         "model.embed_tokens.weight: the config and the weights disagree")
+
+
+def load_long(path, device) -> torch.device:
+    """load_long: notebook 16's folder checks (config.json and the weights, a device this machine has)."""
+    return modern_door.load_modern(path, device)
