@@ -45,6 +45,8 @@ from test_finetuning_lora import LORA_CORRECT, LORA_PLANTED
 from test_checks_modern import MODERN_CORRECT, MODERN_PLANTED
 # and those of notebook 15's checks (the DPO loss, group advantages, the GRPO loss)
 from test_checks_alignment import ALIGNMENT_CORRECT, ALIGNMENT_PLANTED
+# and those of notebook 17's checks (the window mask, the ring cache, YaRN's ramp)
+from test_checks_long_context import LONG_CONTEXT_CORRECT, LONG_CONTEXT_PLANTED
 
 
 # ----------------------------------------------------------------------------------------- merge_pair, count_pairs
@@ -834,7 +836,7 @@ FLOORS = {"check_merge_pair": 8, "check_count_pairs": 2, "check_sinusoidal_table
           "check_no_repeat_ngram": 4, "check_min_p": 4, "check_beam_search": 4, "check_perplexity": 5,
           "check_bpe_encode": 5, "check_lora_linear": 17, "check_rms_norm": 22, "check_rotary_attention": 14,
           "check_grouped_query_attention": 7, "check_dpo_loss": 14, "check_group_advantages": 12,
-          "check_grpo_loss": 16}
+          "check_grpo_loss": 16, "check_window_mask": 9, "check_ring_cache": 9, "check_yarn_ramp": 8}
 
 
 def learner_code(code, bug=None):
@@ -915,7 +917,7 @@ def exported_checks():
 
 def test_the_package_exports_the_check_of_every_lesson_file():
     found = exported_checks()
-    assert len(found) == 32, sorted(found)
+    assert len(found) == 35, sorted(found)
     assert sorted(checks.__all__) == sorted([*found, "CheckFailed", "answer_size"])  # answer_size: worked answers
     assert all(getattr(checks, name) is check for name, check in found.items())
     assert checks.CheckFailed is importlib.import_module("course_lib.checks.core").CheckFailed
@@ -924,10 +926,10 @@ def test_the_package_exports_the_check_of_every_lesson_file():
 def test_planted_bug_count():
     """Every check has planted bugs and correct code in the tables, and no check loses planted bugs."""
     planted = collections.Counter(check.__name__ for check, *_ in PLANTED + LORA_PLANTED + MODERN_PLANTED
-                                  + ALIGNMENT_PLANTED)
+                                  + ALIGNMENT_PLANTED + LONG_CONTEXT_PLANTED)
     assert set(planted) == set(FLOORS) == set(exported_checks()), "a check with no planted bug"
     correct = {getattr(row, "values", row)[0].__name__ for row in CORRECT + LORA_CORRECT + MODERN_CORRECT
-               + ALIGNMENT_CORRECT}
+               + ALIGNMENT_CORRECT + LONG_CONTEXT_CORRECT}
     assert correct == set(FLOORS), "a check with no correct code"
     shrunk = {name: f"{planted[name]} < {floor}" for name, floor in FLOORS.items() if planted[name] < floor}
     assert not shrunk, f"checks lost planted bugs: {shrunk}"

@@ -15,6 +15,7 @@ from .feedforward import check_feedforward, check_gelu
 from .finetuning import check_lora_linear
 from .generation import check_greedy_decoding, check_temperature, check_top_k, check_top_p
 from .interpretability import check_induction_score, check_logit_lens
+from .long_context import check_ring_cache, check_window_mask, check_yarn_ramp
 from .model import check_gpt_model
 from .modern import check_grouped_query_attention, check_rms_norm, check_rotary_attention
 from .normalization import check_layernorm
@@ -38,4 +39,5 @@ __all__ = [
     "check_lora_linear",  # 14 finetuning
     "check_dpo_loss", "check_group_advantages", "check_grpo_loss",  # 15 alignment
     "check_rms_norm", "check_rotary_attention", "check_grouped_query_attention",  # 16 modern llm
+    "check_window_mask", "check_ring_cache", "check_yarn_ramp",  # 17 long context
 ]
