@@ -360,7 +360,9 @@ def load_long(path: str | Path, device: str | torch.device | None = None) -> Lon
 
 # %% ../notebooks/17_long_context.ipynb #ring-bytes
 def ring_cache_bytes(cfg: LongConfig, tokens: int, batch: int = 1, bytes_per_number: int = 2) -> int:
-    """Bytes the caches of new_kv_caches hold after `tokens` positions: a local layer at most its window."""
+    """Bytes the caches of new_kv_caches hold after `tokens` positions: a local layer its window's slots, allocated at
+    the first token, a global layer every position."""
     door.ring_cache_bytes(cfg, tokens, batch, bytes_per_number)
-    held = sum(min(tokens, cfg.sliding_window) if cfg.is_local(i) else tokens for i in range(cfg.n_layers))
+    slots = cfg.sliding_window if tokens else 0  # a RingKVCache allocates all its slots at once
+    held = sum(slots if cfg.is_local(i) else tokens for i in range(cfg.n_layers))
     return 2 * batch * held * cfg.kv_heads * cfg.dim_per_head * bytes_per_number
