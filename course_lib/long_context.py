@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['HF_LONG_TYPES', 'LongConfig', 'llama3_inv_freq', 'yarn_ramp', 'yarn_inv_freq', 'yarn_attention_factor',
            'ScaledRotary', 'window_may_attend', 'softcap', 'LocalAttention', 'RingKVCache', 'GeGLU', 'LongBlock',
-           'ScaledEmbedding', 'LongGPT', 'hf_rope', 'long_config_from_hf', 'long_state_from_hf', 'load_long',
-           'ring_cache_bytes']
+           'ScaledEmbedding', 'LongGPT', 'hf_rope', 'long_config_from_hf', 'long_name_map', 'long_state_from_hf',
+           'load_long', 'ring_cache_bytes']
 
 # %% ../notebooks/17_long_context.ipynb #long-imports
 import math
@@ -53,6 +53,7 @@ class LongConfig(ModernConfig):
 
     def is_local(self, layer: int) -> bool:
         """Whether block `layer` attends through the sliding window."""
+        door.layer_index(self, layer)  # 0 .. n_layers - 1
         if self.layer_types is None:
             return self.sliding_window is not None
         return self.layer_types[layer] == "local"
@@ -84,12 +85,14 @@ def yarn_ramp(cfg: LongConfig, theta: float, pairs: int) -> Tensor:
 def yarn_inv_freq(inv_freq: Tensor, cfg: LongConfig, theta: float) -> Tensor:
     """YaRN's stretch (Peng et al., 2023) of the rotation speeds (head_dim / 2,): slow pairs interpolated (divided
     by rope_factor), fast pairs left alone, the ramp between."""
+    door.scaling(inv_freq, cfg, "yarn")
     ramp = yarn_ramp(cfg, theta, inv_freq.shape[0]).to(inv_freq.device)  # (head_dim / 2,)
     return (1 - ramp) * inv_freq + ramp * inv_freq / cfg.rope_factor
 
 
 def yarn_attention_factor(cfg: LongConfig) -> float:
     """The number YaRN multiplies cos and sin by (so the scores by its square): 0.1 ln(rope_factor) + 1 unless set."""
+    door.long_config(cfg)
     if cfg.attention_factor is not None:
         return cfg.attention_factor
     return 0.1 * math.log(cfg.rope_factor) + 1.0 if cfg.rope_factor > 1 else 1.0
@@ -100,6 +103,7 @@ class ScaledRotary(Rotary):
     were), and for YaRN cos and sin multiplied by its attention factor."""
 
     def __init__(self, head_dim: int, theta: float, cfg: LongConfig):
+        door.long_config(cfg)
         super().__init__(head_dim, theta)
         self.cfg = cfg
 
@@ -130,6 +134,7 @@ def window_may_attend(query_columns: Tensor, key_columns: Tensor, window: int | 
 # %% ../notebooks/17_long_context.ipynb #softcap
 def softcap(x: Tensor, cap: float) -> Tensor:
     """cap tanh(x / cap): about x where |x| << cap, never beyond +-cap (Gemma 2's scores and logits)."""
+    door.softcap(x, cap)
     return cap * torch.tanh(x / cap)
 
 # %% ../notebooks/17_long_context.ipynb #local-attention
@@ -139,6 +144,7 @@ class LocalAttention(GroupedQueryAttention):
     cap on the scores."""
 
     def __init__(self, cfg: LongConfig, local: bool):
+        door.local_attention(cfg, local)  # a LongConfig, and a window wherever local is True
         super().__init__(cfg)
         self.window = cfg.sliding_window if local else None
         if cfg.positions == "rotary" and local and cfg.local_rope_theta is not None:
@@ -277,9 +283,11 @@ class LongGPT(ModernGPT):
     def make_embedding(self, cfg: LongConfig) -> nn.Module:
         return ScaledEmbedding(cfg) if cfg.embed_scale else super().make_embedding(cfg)
 
-    def forward(self, token_ids: Tensor, *args, **kwargs) -> Tensor:
+    def forward(self, token_ids: Tensor, kv_caches: list[KVCache] | None = None, last_only: bool = False,
+                attention_mask: Tensor | None = None) -> Tensor:
         """GPTModel.forward; with final_softcap, the logits capped."""
-        logits = super().forward(token_ids, *args, **kwargs)  # (batch, tokens, vocab_size)
+        door.ring_caches(self, kv_caches)  # a ring only on a local layer, as large as its window
+        logits = super().forward(token_ids, kv_caches, last_only, attention_mask)  # (batch, tokens, vocab_size)
         return logits if self.cfg.final_softcap is None else softcap(logits, self.cfg.final_softcap)
 
     def new_kv_caches(self) -> list[KVCache]:
@@ -326,17 +334,24 @@ def long_config_from_hf(hf: dict, source: str = "config") -> LongConfig:
         final_softcap=hf.get("final_logit_softcapping"))
 
 # %% ../notebooks/17_long_context.ipynb #long-name-map
-def long_state_from_hf(hf_state: dict[str, Tensor], cfg: LongConfig, gemma: bool = False,
-                       source: str = "state dict") -> dict[str, Tensor]:
-    """LongGPT's state dict from a Hugging Face checkpoint of cfg's shape: 16's names, the extra norms of a sandwich
-    block, and for Gemma every norm's stored w turned into our scale 1 + w."""
+def long_name_map(cfg: LongConfig) -> dict[str, str]:
+    """Hugging Face tensor name -> LongGPT parameter name: notebook 16's Llama names, and a sandwich block's norms."""
+    door.long_config(cfg, "pass long_config_from_hf(...) of the checkpoint's config.json")
     names = modern_name_map(cfg)  # notebook 16's Llama names
     if cfg.post_norms:  # Gemma's post_attention_layernorm is the attention's own output norm, not the one before FF
         for i in range(cfg.n_layers):
             names |= {f"model.layers.{i}.post_attention_layernorm.weight": f"trf_blocks.{i}.post_att_norm.scale",
                       f"model.layers.{i}.pre_feedforward_layernorm.weight": f"trf_blocks.{i}.norm2.scale",
                       f"model.layers.{i}.post_feedforward_layernorm.weight": f"trf_blocks.{i}.post_ff_norm.scale"}
-    door.hf_state(hf_state, cfg, names, source)  # every name and shape, finite numbers, a stored tied head equal
+    return names
+
+
+def long_state_from_hf(hf_state: dict[str, Tensor], cfg: LongConfig, gemma: bool = False,
+                       source: str = "state dict") -> dict[str, Tensor]:
+    """LongGPT's state dict from a Hugging Face checkpoint of cfg's shape, renamed by long_name_map; for Gemma every
+    norm's stored w turned into our scale 1 + w."""
+    names = long_name_map(cfg)
+    door.hf_state(hf_state, cfg, names, gemma, source)  # every name and shape, finite numbers, a tied head equal
     state = {ours: hf_state[theirs] for theirs, ours in names.items()}
     if gemma:  # Gemma's norms multiply by (1 + w): w = 0 is the identity
         state |= {ours: 1.0 + t for ours, t in state.items() if ours.endswith(".scale")}

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..config import GPTConfig
 from ..guards import require_bool, require_int, require_number, require_type, require_weight
 from . import modern as modern_door
 
@@ -31,6 +32,10 @@ def long_fields(cfg) -> None:
     if cfg.gate_act != "silu" and cfg.ffn != "swiglu":
         raise ValueError(f"gate_act {cfg.gate_act!r} with ffn {cfg.ffn!r}: a gate needs the gated feed-forward; "
                          "set ffn='swiglu' (its gate then uses gate_act)")
+    if cfg.rope_type == "default" and cfg.rope_factor != 1.0:
+        raise ValueError(f"rope_factor {cfg.rope_factor!r} with rope_type 'default': the default angles are not "
+                         "stretched, so the factor would be ignored; set rope_type ('linear', 'llama3' or 'yarn'), "
+                         "or leave rope_factor 1.0")
     if cfg.rope_type != "default":
         if cfg.positions != "rotary":
             raise ValueError(f"rope_type {cfg.rope_type!r} with positions {cfg.positions!r}: stretching the angles "
@@ -43,11 +48,13 @@ def long_fields(cfg) -> None:
         require_int("original_context", cfg.original_context, minimum=1)
     if cfg.rope_type == "llama3":
         _positive("low_freq_factor", cfg.low_freq_factor)
+        _positive("high_freq_factor", cfg.high_freq_factor)
         if not cfg.high_freq_factor > cfg.low_freq_factor:
             raise ValueError(f"high_freq_factor {cfg.high_freq_factor} must be above low_freq_factor "
                              f"{cfg.low_freq_factor}: the blend runs from one to the other (Llama 3: 4 and 1)")
     if cfg.rope_type == "yarn":
         _positive("beta_slow", cfg.beta_slow)
+        _positive("beta_fast", cfg.beta_fast)
         if not cfg.beta_fast > cfg.beta_slow:
             raise ValueError(f"beta_fast {cfg.beta_fast} must be above beta_slow {cfg.beta_slow}: the ramp runs "
                              "from the pairs that turn beta_fast times to those that turn beta_slow times (32 and 1)")
@@ -76,8 +83,8 @@ def long_fields(cfg) -> None:
 
 def long_config(cfg, fix: str = "build one with LongConfig(...); LongConfig() is GPT-2") -> None:
     """A LongConfig, known by its switches (so the notebook's own class, before its export, passes too)."""
-    modern_door.modern_config(cfg, fix)
-    if not all(hasattr(cfg, name) for name in LONG_FIELDS):
+    switches = modern_door.MODERN_FIELDS + LONG_FIELDS  # a ModernConfig or a dict fails here, not deep in a build
+    if not (isinstance(cfg, GPTConfig) and all(hasattr(cfg, name) for name in switches)):
         raise TypeError(f"cfg must be a LongConfig, got {type(cfg).__name__}: {fix}")
 
 
@@ -102,7 +109,9 @@ def yarn_ramp(cfg, theta, pairs) -> None:
 def window_may_attend(query_columns, key_columns, window) -> None:
     """window_may_attend: two 1-D integer tensors of columns on one device, and a window of at least 1 or None."""
     for name, columns in (("query_columns", query_columns), ("key_columns", key_columns)):
-        if not isinstance(columns, Tensor) or columns.dim() != 1 or columns.is_floating_point():
+        integer = isinstance(columns, Tensor) and not (columns.is_floating_point() or columns.is_complex()
+                                                        or columns.dtype == torch.bool)  # bools cannot subtract
+        if not integer or columns.dim() != 1:
             raise TypeError(f"{name} must be a 1-D integer tensor of stream positions (torch.arange(...)), got "
                             f"{getattr(columns, 'shape', type(columns).__name__)}")
     if query_columns.device != key_columns.device:
@@ -141,6 +150,15 @@ def hf_config(hf, source: str) -> None:
     if hf.get("model_type") not in HF_LONG_TYPES:
         raise ValueError(f"{source}: model_type {hf.get('model_type')!r}; load_long reads {HF_LONG_TYPES} (for "
                          "GPT-2 use load_gpt2 of notebook 10)")
+    for key in ("rope_parameters", "rope_scaling"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            raise ValueError(f"{source}: {key} is {hf[key]!r}, not an object: save the folder again with "
+                             "save_pretrained")
+    per_type = hf.get("rope_parameters") or {}
+    for kind in ("full_attention", "sliding_attention"):
+        if kind in per_type and not isinstance(per_type[kind], dict):
+            raise ValueError(f"{source}: rope_parameters[{kind!r}] is {per_type[kind]!r}, not an object: save the "
+                             "folder again with save_pretrained")
     rope, _ = hf_rope(hf)
     refused = {f"rope_type {rope['rope_type']!r}": rope["rope_type"] not in ROPE_TYPES,
                "YaRN's mscale and mscale_all_dim (DeepSeek)": bool(rope.get("mscale") or rope.get("mscale_all_dim")),
@@ -161,14 +179,21 @@ def hf_config(hf, source: str) -> None:
     if rope["rope_type"] != "default" and "factor" not in rope:
         raise ValueError(f"{source}: rope {rope['rope_type']!r} without its factor: save the folder again with "
                          "save_pretrained")
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor"):
+        if rope.get(key) is not None:  # LongConfig would take float("8"), silently
+            require_number(f"{source}: rope_parameters.{key}", rope[key])
+    if rope.get("original_max_position_embeddings") is not None:
+        require_int(f"{source}: rope_parameters.original_max_position_embeddings",
+                    rope["original_max_position_embeddings"], minimum=1)
     if hf.get("layer_types") is not None:
         known = ("sliding_attention", "full_attention")
         if not isinstance(hf["layer_types"], list) or any(t not in known for t in hf["layer_types"]):
             raise ValueError(f"{source}: layer_types must list {known} per layer, got {hf['layer_types']!r}")
 
 
-def hf_state(hf_state, cfg, names: dict[str, str], source: str) -> None:
+def hf_state(hf_state, cfg, names: dict[str, str], gemma, source: str) -> None:
     """long_state_from_hf: every tensor the map names, none more, each finite and of LongGPT(cfg)'s shape."""
+    require_bool("gemma", gemma)  # whether the norms store w (Gemma) or the scale itself
     from ..long_context import LongGPT  # this lesson's own class: imported when called, so no import cycle
     require_type("hf_state", hf_state, dict, "pass the tensors of the checkpoint, name -> tensor (safetensors' "
                  "load_file)")
@@ -190,3 +215,40 @@ def hf_state(hf_state, cfg, names: dict[str, str], source: str) -> None:
 def load_long(path, device) -> torch.device:
     """load_long: notebook 16's folder checks (config.json and the weights, a device this machine has)."""
     return modern_door.load_modern(path, device)
+
+
+# The doors below wait for their one-line calls in the lesson (notebook 17): see issue 47's door table,
+# tests/test_doors_long_context.py, whose cases marked "needs a door call" they turn into clear errors.
+
+def layer_index(cfg, layer) -> None:
+    """LongConfig.is_local: the index of one of its blocks."""
+    require_int("layer", layer, minimum=0)
+    if layer >= cfg.n_layers:
+        raise ValueError(f"layer {layer} is past the last block: the config has n_layers={cfg.n_layers}, numbered "
+                         f"0 .. {cfg.n_layers - 1}")
+
+
+def softcap(x, cap) -> None:
+    """softcap: a tensor, and a cap above 0 (at 0 the formula divides by zero; below, it flips the sign)."""
+    require_type("x", x, Tensor, "pass the scores or logits as a tensor")
+    _positive("cap", cap, "the outputs stay inside (-cap, cap); Gemma 2 uses 50 for scores, 30 for logits")
+
+
+def local_attention(cfg, local) -> None:
+    """LocalAttention(cfg, local): a LongConfig, and local True only where the config has a window."""
+    long_config(cfg)
+    require_bool("local", local)
+    if local and cfg.sliding_window is None:
+        raise ValueError("local=True but cfg.sliding_window is None: a local layer needs the window it slides; set "
+                         "sliding_window in the config, or build the layer with local=False")
+
+
+def ring_caches(model, kv_caches) -> None:
+    """LongGPT.forward: a RingKVCache only on a local layer, with at least that layer's window of slots (fewer, or
+    one on a global layer, would drop keys the layer attends to, silently)."""
+    for i, (block, cache) in enumerate(zip(model.trf_blocks, kv_caches or ())):
+        window = block.att.window
+        if hasattr(cache, "seen") and hasattr(cache, "window") and (window is None or cache.window < window):
+            layer = "a global layer (every earlier token)" if window is None else f"a local layer of window {window}"
+            raise ValueError(f"kv_caches[{i}] is a RingKVCache of window {cache.window} on {layer}: it would drop "
+                             "keys the layer reads; use model.new_kv_caches()")
