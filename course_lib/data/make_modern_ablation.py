@@ -83,44 +83,65 @@ def one_run(job: tuple[str, int]) -> tuple[str, int, dict]:
     return name, seed, result | {"hash": run_hash(name), "torch": torch.__version__}
 
 
-def measure_speed(rounds: int, steps: int) -> dict:
-    """Median training tokens/s of every variant: `rounds` rounds, each training every variant for `steps` steps."""
-    torch.set_num_threads(1)
-    train_data, val_data = splits()
-    tcfg = TrainConfig(**TCFG | dict(total_steps=steps, warmup_steps=1, eval_every=steps, eval_batches=1))
-    runs = {}
+def speed_models(tcfg: TrainConfig) -> dict[str, tuple[ModernGPT, torch.optim.Optimizer]]:
+    """Every variant built from seed 0, with its optimizer: what --speed trains."""
+    models = {}
     for name, (change, optimizer) in VARIANTS.items():
         torch.manual_seed(0)
         model = ModernGPT(ModernConfig(**SHAPE, **change))
-        runs[name] = (model, make_optimizer(model, tcfg) if optimizer == "adamw" else make_muon(model, tcfg), [])
+        models[name] = (model, make_optimizer(model, tcfg) if optimizer == "adamw" else make_muon(model, tcfg))
+    return models
+
+
+def measure_speed(models: dict, tcfg: TrainConfig, rounds: int) -> dict:
+    """Median training tokens/s of every (model, optimizer): `rounds` rounds, each training every model for
+    tcfg.total_steps steps, the models in a new random order each round."""
+    train_data, val_data = splits()
+    speeds = {name: [] for name in models}
     order = random.Random(0)
     for _ in range(rounds):
-        for name in order.sample(list(runs), len(runs)):  # a new order every round: no variant always first
-            model, optimizer, speeds = runs[name]
+        for name in order.sample(list(models), len(models)):  # a new order every round: no variant always first
+            model, optimizer = models[name]
             history = train(model, optimizer, train_data, val_data, tcfg, torch.Generator().manual_seed(0),
                             progress=False)
-            speeds.append(steps * tcfg.batch_size * SHAPE["context_length"] / history["seconds"])
-    return {name: {"median_tokens_per_s": statistics.median(speeds), "rounds": speeds}
-            for name, (_, _, speeds) in runs.items()}
+            speeds[name].append(tcfg.total_steps * tcfg.batch_size * model.cfg.context_length / history["seconds"])
+    return {name: {"median_tokens_per_s": statistics.median(s), "rounds": s} for name, s in speeds.items()}
 
 
-def speed_main(args, table: dict) -> None:
+def speed_main(args, table: dict, build, script: str) -> None:
+    """--speed of an ablation script: the models build(tcfg) makes, timed by measure_speed, into the JSON."""
     load_before = os.getloadavg()[0]
     if load_before > 0.5:
         print(f"warning: load average {load_before:.2f}: other work on the machine will be in the speeds", flush=True)
-    table["speed"] = measure_speed(args.rounds, args.speed_steps)
-    table["speed_measured"] = {"command": "python -m course_lib.data.make_modern_ablation " + " ".join(sys.argv[1:]),
+    torch.set_num_threads(1)
+    steps = args.speed_steps
+    tcfg = TrainConfig(**TCFG | dict(total_steps=steps, warmup_steps=1, eval_every=steps, eval_batches=1))
+    table["speed"] = measure_speed(build(tcfg), tcfg, args.rounds)
+    table["speed_measured"] = {"command": f"python -m course_lib.data.{script} " + " ".join(sys.argv[1:]),
                                "machine": machine("one process, 1 thread"), "date": time.strftime("%Y-%m-%d"),
-                               "steps_per_round": args.speed_steps,
+                               "steps_per_round": steps,
                                "load_average_before_after": [load_before, os.getloadavg()[0]]}
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     for name, speed in table["speed"].items():
         print(f"{name:40s} {speed['median_tokens_per_s']:,.0f} tokens/s", flush=True)
 
 
-def ordered(runs: dict) -> dict:
-    """The runs in VARIANTS' order, each variant's seeds in numeric order."""
-    return {name: dict(sorted(runs[name].items(), key=lambda item: int(item[0]))) for name in VARIANTS if name in runs}
+def ordered(runs: dict, names) -> dict:
+    """The runs in the order of `names` (the table's), each variant's seeds in numeric order."""
+    return {name: dict(sorted(runs[name].items(), key=lambda item: int(item[0]))) for name in names if name in runs}
+
+
+def run_jobs(one_run, jobs: list, workers: int, table: dict, out: Path, names) -> None:
+    """Run the (variant, seed, ...) jobs in `workers` spawned processes; after each, put its result into
+    table["runs"] and rewrite the JSON, so that a stopped job keeps what it finished."""
+    runs = table.setdefault("runs", {})
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for name, seed, result in pool.imap_unordered(one_run, jobs):
+            runs.setdefault(name, {})[str(seed)] = result
+            table.update(runs=ordered(runs, names), date=time.strftime("%Y-%m-%d"))
+            out.write_text(json.dumps(table, indent=1) + "\n")
+            print(f"{name:40s} seed {seed}: val {result['val_loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s",
+                  flush=True)
 
 
 def main() -> None:
@@ -134,21 +155,15 @@ def main() -> None:
     args = parser.parse_args()
     table = json.loads(args.out.read_text()) if args.out.exists() else {}
     if args.speed:
-        return speed_main(args, table)
+        return speed_main(args, table, speed_models, "make_modern_ablation")
     table.update(command="python -m course_lib.data.make_modern_ablation " + " ".join(sys.argv[1:]),
                  machine=machine(f"{args.workers} runs at once, 1 thread each"), torch=torch.__version__, shape=SHAPE,
                  train=TCFG,
                  changes={n: c for n, (c, _) in VARIANTS.items()}, optimizers={n: o for n, (_, o) in VARIANTS.items()})
-    runs = table.setdefault("runs", {})
+    runs = table.get("runs", {})
     jobs = [(name, seed) for seed in args.seeds for name in VARIANTS
             if runs.get(name, {}).get(str(seed), {}).get("hash") != run_hash(name)]
-    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        for name, seed, result in pool.imap_unordered(one_run, jobs):
-            runs.setdefault(name, {})[str(seed)] = result
-            table.update(runs=ordered(runs), date=time.strftime("%Y-%m-%d"))
-            args.out.write_text(json.dumps(table, indent=1) + "\n")
-            print(f"{name:40s} seed {seed}: val {result['val_loss']:.4f}, {result['tokens_per_s']:,.0f} tokens/s",
-                  flush=True)
+    run_jobs(one_run, jobs, args.workers, table, args.out, VARIANTS)
 
 
 if __name__ == "__main__":
