@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['HF_LONG_TYPES', 'LongConfig', 'llama3_inv_freq', 'yarn_ramp', 'yarn_inv_freq', 'yarn_attention_factor',
            'ScaledRotary', 'window_may_attend', 'softcap', 'LocalAttention', 'RingKVCache', 'GeGLU', 'LongBlock',
-           'ScaledEmbedding', 'LongGPT', 'hf_rope', 'long_config_from_hf', 'long_name_map', 'long_state_from_hf',
-           'load_long', 'ring_cache_bytes']
+           'ScaledEmbedding', 'LongGPT', 'hf_rope', 'hf_layer_types', 'long_config_from_hf', 'long_name_map',
+           'long_state_from_hf', 'load_long', 'ring_cache_bytes']
 
 # %% ../notebooks/17_long_context.ipynb #long-imports
 import math
@@ -79,7 +79,7 @@ def yarn_ramp(cfg: LongConfig, theta: float, pairs: int) -> Tensor:
 
     low = max(math.floor(pair_turning(cfg.beta_fast)), 0)  # the last pair kept whole, rounded as the paper's code
     high = min(math.ceil(pair_turning(cfg.beta_slow)), 2 * pairs - 1)
-    return ((torch.arange(pairs).float() - low) / max(high - low, 1e-3)).clamp(0, 1)  # (pairs,)
+    return ((torch.arange(pairs).float() - low) / ((high - low) or 1e-3)).clamp(0, 1)  # (pairs,)
 
 
 def yarn_inv_freq(inv_freq: Tensor, cfg: LongConfig, theta: float) -> Tensor:
@@ -198,39 +198,41 @@ def attention_weights(self: LocalAttention, x: Tensor) -> Tensor:
 
 # %% ../notebooks/17_long_context.ipynb #ring-cache
 class RingKVCache(KVCache):
-    """A KV cache for a sliding-window layer: `window` slots, allocated once; the key and value of stream column c
-    live in slot c % window, so the oldest is overwritten when the stream passes the window. Memory stays flat
-    however long the stream. len() counts every position appended, not the slots."""
+    """A KV cache for a sliding-window layer: window + spare slots, allocated once; the key and value of stream
+    column c live in slot c % (window + spare), so the oldest is overwritten when the stream passes them. Memory
+    stays flat however long the stream. The spare slots let crop take back up to `spare` positions (speculative
+    decoding's rejected drafts). len() counts every position appended, not the slots."""
 
-    def __init__(self, window: int):
-        door.ring_kv_cache(window)
+    def __init__(self, window: int, spare: int = 0):
+        door.ring_kv_cache(window, spare)
         super().__init__()
-        self.window, self.seen = window, 0
+        self.window, self.slots, self.seen = window, window + spare, 0
 
     def __len__(self) -> int:
         return self.seen
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new positions into their slots; return the held ones, oldest first, then the new ones."""
-        if self.keys is None:  # (batch, n_kv_heads, window, head_dim), the only storage there will be
-            self.keys = keys.new_zeros(*keys.shape[:2], self.window, keys.shape[3])
-            self.values = values.new_zeros(*values.shape[:2], self.window, values.shape[3])
-        held = torch.arange(max(self.seen - self.window, 0), self.seen, device=keys.device) % self.window  # oldest first
+        """Write the new positions into their slots; return the last `window` held, oldest first, then the new ones."""
+        if self.keys is None:  # (batch, n_kv_heads, slots, head_dim), the only storage there will be
+            self.keys = keys.new_zeros(*keys.shape[:2], self.slots, keys.shape[3])
+            self.values = values.new_zeros(*values.shape[:2], self.slots, values.shape[3])
+        held = torch.arange(max(self.seen - self.window, 0), self.seen, device=keys.device) % self.slots  # oldest first
         all_keys = torch.cat([self.keys[:, :, held], keys], dim=2)  # (batch, n_kv_heads, held + tokens, head_dim)
         all_values = torch.cat([self.values[:, :, held], values], dim=2)
         tokens = keys.shape[2]
-        kept = min(tokens, self.window)  # of a long prefill only the last window positions are ever read again
-        slots = torch.arange(self.seen + tokens - kept, self.seen + tokens, device=keys.device) % self.window
-        self.keys[:, :, slots], self.values[:, :, slots] = keys[:, :, -kept:], values[:, :, -kept:]
+        kept = min(tokens, self.slots)  # of a long prefill only the last positions are ever read again
+        where = torch.arange(self.seen + tokens - kept, self.seen + tokens, device=keys.device) % self.slots
+        self.keys[:, :, where], self.values[:, :, where] = keys[:, :, -kept:], values[:, :, -kept:]
         self.seen += tokens
         return all_keys, all_values
 
     def crop(self, length: int) -> None:
-        """Forget every position from `length` on: only all (0) or none, since the slots of the positions before
-        length may already hold later ones."""
+        """Forget every position from `length` on: back by at most `spare` positions (the slots before them still hold
+        a whole window), or everything (0)."""
         door.ring_crop(self, length)
-        if length == 0:
-            self.keys, self.values, self.seen = None, None, 0
+        self.seen = min(self.seen, length)
+        if self.seen == 0:
+            self.keys = self.values = None  # a new stream may bring another batch
 
 # %% ../notebooks/17_long_context.ipynb #geglu
 class GeGLU(SwiGLU):
@@ -290,9 +292,10 @@ class LongGPT(ModernGPT):
         logits = super().forward(token_ids, kv_caches, last_only, attention_mask)  # (batch, tokens, vocab_size)
         return logits if self.cfg.final_softcap is None else softcap(logits, self.cfg.final_softcap)
 
-    def new_kv_caches(self) -> list[KVCache]:
-        """A RingKVCache of the window for each local layer, a KVCache for each global one."""
-        return [RingKVCache(block.att.window) if block.att.window else KVCache() for block in self.trf_blocks]
+    def new_kv_caches(self, spare: int = 8) -> list[KVCache]:
+        """A RingKVCache for each local layer, with `spare` extra slots so that crop can take back that many positions
+        (notebook 11's speculative decoding proposes 4 drafts at a time); a KVCache for each global layer."""
+        return [RingKVCache(block.att.window, spare) if block.att.window else KVCache() for block in self.trf_blocks]
 
 # %% ../notebooks/17_long_context.ipynb #long-from-hf
 HF_LONG_TYPES = ("llama", "qwen3", "mistral", "gemma2", "gemma3_text")  # the model_type values load_long reads
@@ -311,6 +314,22 @@ def hf_rope(hf: dict) -> tuple[dict, float | None]:
     return rope, (local_theta if hf["model_type"] == "gemma3_text" else None)
 
 
+def hf_layer_types(hf: dict) -> tuple[str, ...] | None:
+    """"local" or "global" per layer (None: no window anywhere): the config's layer_types, or for files that do not
+    list them the rule each family's config applies (Gemma 2 alternates, Gemma 3 keeps every sliding_window_pattern-th
+    layer global, Qwen3 slides from max_window_layers on and only with use_sliding_window, Mistral slides in all)."""
+    kinds = {"sliding_attention": "local", "full_attention": "global"}
+    if hf.get("layer_types") is not None:
+        types = tuple(kinds[t] for t in hf["layer_types"])
+        return types if "local" in types else None
+    if hf.get("sliding_window") is None or (hf["model_type"] == "qwen3" and not hf.get("use_sliding_window")):
+        return None
+    n = hf["num_hidden_layers"]
+    local = {"gemma2": lambda i: (i + 1) % 2, "gemma3_text": lambda i: (i + 1) % hf.get("sliding_window_pattern", 6),
+             "qwen3": lambda i: i >= hf.get("max_window_layers", n)}.get(hf["model_type"], lambda i: True)
+    return tuple("local" if local(i) else "global" for i in range(n))
+
+
 def long_config_from_hf(hf: dict, source: str = "config") -> LongConfig:
     """The LongConfig of a Hugging Face Llama, Qwen3, Mistral, Gemma 2 or Gemma 3 config.json, parsed: notebook 16
     reads the Llama part, and this function adds what the others add."""
@@ -320,17 +339,17 @@ def long_config_from_hf(hf: dict, source: str = "config") -> LongConfig:
     llama_part = hf | {"model_type": "qwen3" if hf["model_type"] in ("qwen3", "gemma3_text") else "llama",
                        "rope_parameters": {"rope_theta": rope["rope_theta"]}, "rope_scaling": None,
                        "hidden_act": "silu", "use_sliding_window": False}
-    local_types = {"sliding_attention": "local", "full_attention": "global"}
-    types = hf.get("layer_types")
+    types = hf_layer_types(hf)
     return LongConfig(
         **vars(modern_config_from_hf(llama_part, source)), rope_type=rope.get("rope_type", "default"),
         rope_factor=float(rope.get("factor", 1.0)), original_context=rope.get("original_max_position_embeddings"),
-        low_freq_factor=float(rope.get("low_freq_factor", 1.0)), high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
         beta_fast=float(rope.get("beta_fast") or 32.0), beta_slow=float(rope.get("beta_slow") or 1.0),
-        attention_factor=rope.get("attention_factor"), sliding_window=hf.get("sliding_window"),
-        layer_types=None if types is None else tuple(local_types[t] for t in types),
-        local_rope_theta=local_theta, gate_act="gelu_tanh" if gemma else "silu", post_norms=gemma,
-        embed_scale=gemma, query_scale=hf.get("query_pre_attn_scalar"), attn_softcap=hf.get("attn_logit_softcapping"),
+        attention_factor=rope.get("attention_factor"), layer_types=types,
+        sliding_window=None if types is None else hf.get("sliding_window"), local_rope_theta=local_theta,
+        gate_act="gelu_tanh" if gemma else "silu", post_norms=gemma, embed_scale=gemma,
+        query_scale=hf.get("query_pre_attn_scalar"), attn_softcap=hf.get("attn_logit_softcapping"),
         final_softcap=hf.get("final_logit_softcapping"))
 
 # %% ../notebooks/17_long_context.ipynb #long-name-map
@@ -346,7 +365,7 @@ def long_name_map(cfg: LongConfig) -> dict[str, str]:
     return names
 
 
-def long_state_from_hf(hf_state: dict[str, Tensor], cfg: LongConfig, gemma: bool = False,
+def long_state_from_hf(hf_state: dict[str, Tensor], cfg: LongConfig, gemma: bool,
                        source: str = "state dict") -> dict[str, Tensor]:
     """LongGPT's state dict from a Hugging Face checkpoint of cfg's shape, renamed by long_name_map; for Gemma every
     norm's stored w turned into our scale 1 + w."""
@@ -374,10 +393,10 @@ def load_long(path: str | Path, device: str | torch.device | None = None) -> Lon
     return model.eval()
 
 # %% ../notebooks/17_long_context.ipynb #ring-bytes
-def ring_cache_bytes(cfg: LongConfig, tokens: int, batch: int = 1, bytes_per_number: int = 2) -> int:
-    """Bytes the caches of new_kv_caches hold after `tokens` positions: a local layer its window's slots, allocated at
-    the first token, a global layer every position."""
-    door.ring_cache_bytes(cfg, tokens, batch, bytes_per_number)
-    slots = cfg.sliding_window if tokens else 0  # a RingKVCache allocates all its slots at once
+def ring_cache_bytes(cfg: LongConfig, tokens: int, batch: int = 1, bytes_per_number: int = 2, spare: int = 0) -> int:
+    """Bytes the caches of new_kv_caches(spare) hold after `tokens` positions: a local layer its window + spare slots,
+    allocated at the first token, a global layer every position."""
+    door.ring_cache_bytes(cfg, tokens, batch, bytes_per_number, spare)
+    slots = cfg.sliding_window + spare if tokens and cfg.sliding_window else 0  # a ring allocates all at once
     held = sum(slots if cfg.is_local(i) else tokens for i in range(cfg.n_layers))
     return 2 * batch * held * cfg.kv_heads * cfg.dim_per_head * bytes_per_number

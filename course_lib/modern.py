@@ -402,13 +402,14 @@ def make_muon(model: nn.Module, tcfg: TrainConfig) -> Muon:
 
 # %% ../notebooks/16_modern_llm.ipynb #train-variant
 def train_variant(cfg: ModernConfig, train_data: Tensor, val_data: Tensor, tcfg: TrainConfig, seed: int = 0,
-                  optimizer: str = "adamw", val_batches: int = 64) -> tuple[ModernGPT, dict]:
-    """Train ModernGPT(cfg) from `seed` with notebook 09's train() and AdamW (make_optimizer) or Muon (make_muon);
-    return the model and a dict: its parameter count, the validation loss on val_batches fixed batches and the
-    training tokens/s."""
-    door.train_variant(cfg, train_data, val_data, tcfg, seed, optimizer, val_batches)  # before the seed is set
+                  optimizer: str = "adamw", val_batches: int = 64,
+                  model_class: type[ModernGPT] = ModernGPT) -> tuple[ModernGPT, dict]:
+    """Train model_class(cfg) (ModernGPT, or a subclass such as notebook 17's LongGPT) from `seed` with notebook 09's
+    train() and AdamW (make_optimizer) or Muon (make_muon); return the model and a dict: its parameter count, the
+    validation loss on val_batches fixed batches and the training tokens/s."""
+    door.train_variant(cfg, train_data, val_data, tcfg, seed, optimizer, val_batches, model_class)  # before the seed
     torch.manual_seed(seed)
-    model = ModernGPT(cfg)
+    model = model_class(cfg)
     opt = make_optimizer(model, tcfg) if optimizer == "adamw" else make_muon(model, tcfg)
     history = train(model, opt, train_data, val_data, tcfg, torch.Generator().manual_seed(seed), progress=False)
     return model, {"parameters": sum(p.numel() for p in model.parameters()),

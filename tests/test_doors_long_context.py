@@ -89,8 +89,8 @@ def wrong_ring_stepped(caches):
     return torch.cat(outs, 1)
 
 
-def ring(window=4, tokens=6):
-    cache = RingKVCache(window)
+def ring(window=4, tokens=6, spare=0):
+    cache = RingKVCache(window, spare)
     cache.append(torch.randn(1, 2, tokens, 4), torch.randn(1, 2, tokens, 4))
     return cache
 
@@ -417,7 +417,13 @@ CASES = [
     ("ring crop to the middle", lambda: cropped(ring(), 3), ("error", ValueError, "cannot crop to 3")),
     ("ring crop inside the window", lambda: cropped(ring(8, 6), 5), ("error", ValueError, "cannot crop to 5")),
     ("ring crop -1", lambda: cropped(ring(), -1), ("error", ValueError, "length must be >= 0")),
-    ("ring crop past its length", lambda: cropped(ring(), 9), ("error", ValueError, "cannot crop to 9")),
+    ("ring crop past its length", lambda: (c := ring(), c.crop(9), c)[2], ("result", lambda c: len(c) == 6)),
+    ("ring crop back within spare", lambda: (c := ring(spare=2), c.crop(4), c)[2],
+     ("result", lambda c: len(c) == 4 and c.keys.shape[2] == 6)),
+    ("ring crop back past spare", lambda: cropped(ring(spare=2), 3),
+     ("error", ValueError, "can take back at most 2 positions")),
+    ("ring spare -1", lambda: RingKVCache(4, -1), ("error", ValueError, "spare must be >= 0")),
+    ("ring spare '2'", lambda: RingKVCache(4, "2"), ("error", TypeError, "spare must be an int")),
     ("ring crop 3.0", lambda: cropped(ring(), 3.0), ("error", TypeError, "length must be an int")),
     # ring_cache_bytes
     ("bytes windowed", lambda: ring_cache_bytes(WINDOWED, 100),
@@ -521,7 +527,7 @@ CASES = [
      ("error", ValueError, "hidden activation 'gelu'")),
     ("hf config query scalar 0", hf(GEMMA2_CONFIG, query_pre_attn_scalar=0), ("error", ValueError, "query_scale")),
     # long_state_from_hf
-    ("state ok", lambda: LongGPT(HF_CFG).load_state_dict(long_state_from_hf(HF_STATE, HF_CFG)),
+    ("state ok", lambda: LongGPT(HF_CFG).load_state_dict(long_state_from_hf(HF_STATE, HF_CFG, False)),
      ("result", lambda r: not r.missing_keys and not r.unexpected_keys)),
     ("state gemma 1 + w", lambda: long_state_from_hf(GEMMA2_STATE, GEMMA2_CFG, gemma=True)["final_norm.scale"],
      ("result", lambda s: torch.equal(s, 1.0 + GEMMA2_STATE["model.norm.weight"]))),

@@ -13,15 +13,15 @@ import pytest
 import torch
 import transformers
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM)
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from course_lib.attention import KVCache
-from course_lib.decoding import beam_search, generate_tokens, left_pad
+from course_lib.decoding import beam_search, generate_tokens, left_pad, speculative_generate
 from course_lib.generation import generate
 from course_lib.interpretability import run_with_cache
-from course_lib.long_context import (LongConfig, LongGPT, RingKVCache, ScaledRotary, llama3_inv_freq, load_long,
-                                     ring_cache_bytes, window_may_attend, yarn_attention_factor)
+from course_lib.long_context import (LongConfig, LongGPT, RingKVCache, ScaledRotary, hf_layer_types, llama3_inv_freq,
+                                     load_long, ring_cache_bytes, window_may_attend, yarn_attention_factor)
 from course_lib.modern import ModernConfig, ModernGPT, load_modern
 
 transformers.logging.set_verbosity_error()
@@ -131,6 +131,9 @@ CASES = {
         sliding_window_pattern=2, rope_parameters={
             "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
             "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    # Qwen3 with its sliding window switched on from layer max_window_layers = 1: global, local
+    "qwen3_sliding": (Qwen3ForCausalLM, lambda: Qwen3Config(
+        **COMMON, head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
 }
 
 
@@ -148,7 +151,7 @@ def hf_model(name: str):
 
 
 BUILT = {}  # name -> (name, Hugging Face model, load_long of its folder, the folder): each built once per run
-WINDOWED = ["mistral", "gemma2", "gemma3"]  # the checkpoints with sliding-window layers
+WINDOWED = ["mistral", "gemma2", "gemma3", "qwen3_sliding"]  # the checkpoints with sliding-window layers
 
 
 def built(name: str, tmp_path_factory):
@@ -180,7 +183,7 @@ def test_load_long_reads_each_familys_switches(loaded):
     name, hf, model, _ = loaded
     cfg = model.cfg
     expected_types = {"llama3_2": [False, False], "llama_yarn": [False, False], "mistral": [True, True],
-                      "gemma2": [True, False], "gemma3": [True, False]}[name]
+                      "gemma2": [True, False], "gemma3": [True, False], "qwen3_sliding": [False, True]}[name]
     assert [cfg.is_local(i) for i in range(cfg.n_layers)] == expected_types
     assert [block.att.window for block in model.trf_blocks] == [WINDOW if local else None for local in expected_types]
     assert cfg.rope_type == {"llama3_2": "llama3", "llama_yarn": "yarn", "gemma3": "linear"}.get(name, "default")
@@ -260,31 +263,32 @@ def sharp(model: torch.nn.Module, times: float = 10.0) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.parametrize("spare", [0, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("layer_types", [("local", "global"), ("local", "local")], ids=["mixed", "all_local"])
-def test_ring_memory_stays_flat_and_ring_cache_bytes_counts_it(dtype, layer_types):
+def test_ring_memory_stays_flat_and_ring_cache_bytes_counts_it(dtype, layer_types, spare):
     cfg = small_long(layer_types=layer_types)
     torch.manual_seed(0)
     model = sharp(LongGPT(cfg)).to(dtype)
     batch, window = 3, cfg.sliding_window
     ids = ids_for(batch, 3 * window)
-    caches = model.new_kv_caches()
+    caches = model.new_kv_caches(spare=spare)
     held = []
     with torch.no_grad():
         for t in range(3 * window):
             model(ids[:, t:t + 1], kv_caches=caches)
             held.append(sum(c.keys.numel() * c.keys.element_size() + c.values.numel() * c.values.element_size()
                             for c in caches))
-            if t + 1 >= window:  # before, a ring already holds its `window` slots (allocated at the first append)
-                assert held[-1] == ring_cache_bytes(cfg, t + 1, batch, dtype.itemsize), t
+            assert held[-1] == ring_cache_bytes(cfg, t + 1, batch, dtype.itemsize, spare), t  # all slots at once
     for cache, kind in zip(caches, layer_types):
         if kind == "local":
-            assert isinstance(cache, RingKVCache) and cache.keys.shape == (batch, 2, window, 8)
-            assert cache.values.shape == (batch, 2, window, 8) and len(cache) == 3 * window
+            slots = window + spare
+            assert isinstance(cache, RingKVCache) and cache.keys.shape == (batch, 2, slots, 8)
+            assert cache.values.shape == (batch, 2, slots, 8) and len(cache) == 3 * window
         else:
             assert type(cache) is KVCache and cache.keys.shape[2] == 3 * window  # the plain cache grows
     if layer_types == ("local", "local"):
-        assert held[window - 1] == held[-1]  # flat from the window on
+        assert held[0] == held[-1]  # flat from the first token on
     else:
         assert held[-1] - held[-2] == held[-2] - held[-3] > 0  # the global layer's share grows by a token each step
 
@@ -294,7 +298,7 @@ def test_a_prefill_longer_than_the_window_then_steps_equals_the_uncached_forward
     torch.manual_seed(0)
     model = sharp(LongGPT(cfg))
     ids = ids_for(2, 20)
-    caches = model.new_kv_caches()
+    caches = model.new_kv_caches(spare=0)
     with torch.no_grad():
         full = model(ids)
         out = torch.cat([model(ids[:, :11], kv_caches=caches)]
@@ -312,24 +316,76 @@ def test_a_prefill_longer_than_the_window_then_steps_equals_the_uncached_forward
         assert (unwindowed.eval()(ids) - full).abs().max() > 1e-2
 
 
-def test_ring_crop_resets_at_zero_and_refuses_other_lengths():
+def test_ring_crop_takes_back_at_most_its_spare_slots_and_resets_at_zero():
+    """crop at or past the length forgets nothing; back by at most `spare` positions it forgets them, and the same
+    tokens fed again give the same logits (the window before them is still held); further back it is refused, the
+    ring unchanged; crop(0) empties it."""
     cfg = small_long()
     torch.manual_seed(0)
     model = sharp(LongGPT(cfg))
     ids = ids_for(2, 10)
-    caches = model.new_kv_caches()
     with torch.no_grad():
-        first = model(ids, kv_caches=caches)
-        ring = caches[0]
-        ring.crop(10)  # its own length: nothing to forget
+        exact = model.new_kv_caches(spare=0)
+        first = model(ids, kv_caches=exact)
+        ring = exact[0]
+        for length in (10, 12):
+            ring.crop(length)
+            assert len(ring) == 10
+        with pytest.raises(ValueError, match="cannot crop to 9: it can take back at most 0 positions"):
+            ring.crop(9)
         assert len(ring) == 10
-        with pytest.raises(ValueError, match="cannot crop to 5.*crop to 0 and refill, or use a KVCache"):
-            ring.crop(5)
-        for cache in caches:
+        roomy = model.new_kv_caches(spare=3)
+        model(ids, kv_caches=roomy)
+        for cache in roomy:
+            cache.crop(7)
+        again = model(ids[:, 7:], kv_caches=roomy)
+        torch.testing.assert_close(again, first[:, 7:], atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="cannot crop to 6: it can take back at most 3"):
+            roomy[0].crop(6)  # 10 held: back 4 > 3
+        for cache in exact:
             cache.crop(0)
         assert len(ring) == 0 and ring.keys is None
-        again = model(ids, kv_caches=caches)
-    torch.testing.assert_close(again, first, atol=0, rtol=0)
+        refilled = model(ids, kv_caches=exact)
+    torch.testing.assert_close(refilled, first, atol=0, rtol=0)
+
+
+def test_speculative_decoding_through_ring_caches_gives_the_targets_greedy_tokens(windowed):
+    """speculative_generate (notebook 11) crops the target's caches after every rejected draft: through ring caches
+    with new_kv_caches' spare slots, at temperature 0 it returns the target's greedy tokens."""
+    _, _, model, _ = windowed
+    torch.manual_seed(7)  # a small random draft: it disagrees with the target, so drafts are rejected
+    draft = LongGPT(LongConfig(vocab_size=VOCAB, context_length=128, emb_dim=32, n_heads=2, n_layers=1,
+                               positions="rotary", drop_rate=0.0)).eval()
+    prompt = ids_for(1, 6, seed=5)
+    result = speculative_generate(model, draft, prompt, 24, num_draft=4)
+    assert torch.equal(result.tokens, generate(model, prompt, 24))
+    assert result.drafted > result.accepted  # drafts were rejected: the rings were cropped back
+
+
+HUB_FORMS = {  # config.json as files written before transformers 5 listed layer_types
+    "gemma2": (Gemma2Config, dict(model_type="gemma2", num_hidden_layers=6, sliding_window=8)),
+    "gemma3_text": (Gemma3TextConfig, dict(model_type="gemma3_text", num_hidden_layers=13, sliding_window=8,
+                                           sliding_window_pattern=6)),
+    "qwen3": (Qwen3Config, dict(model_type="qwen3", num_hidden_layers=5, sliding_window=8, use_sliding_window=True,
+                                max_window_layers=2)),
+    "qwen3_off": (Qwen3Config, dict(model_type="qwen3", num_hidden_layers=5, sliding_window=4096,
+                                    use_sliding_window=False, max_window_layers=2)),
+    "mistral": (MistralConfig, dict(model_type="mistral", num_hidden_layers=3, sliding_window=8)),
+}
+
+
+@pytest.mark.parametrize("name", list(HUB_FORMS))
+def test_hf_layer_types_of_older_files_are_what_transformers_derives(name):
+    config_class, hub = HUB_FORMS[name]
+    theirs = config_class(**{k: v for k, v in hub.items() if k != "model_type"}, hidden_size=64,
+                          num_attention_heads=4, head_dim=16)
+    theirs_types = getattr(theirs, "layer_types", None)
+    if theirs_types is None:  # Mistral's config lists none: every layer slides when there is a window
+        theirs_types = ["sliding_attention"] * hub["num_hidden_layers"]
+    expected = tuple("local" if t == "sliding_attention" else "global" for t in theirs_types)
+    ours = hf_layer_types(hub)
+    assert ours == (expected if "local" in expected else None), (ours, expected)
+    assert hf_layer_types(hub | {"layer_types": list(theirs_types)}) == ours  # the listed form reads the same
 
 
 def test_ring_select_and_beam_search_through_local_layers(windowed):
@@ -418,7 +474,7 @@ def test_the_hooks_pattern_of_a_local_layer_is_a_band(windowed):
         torch.testing.assert_close(pattern.sum(-1), torch.ones(4, 20), atol=1e-6, rtol=0)
         report(f"pattern {name} layer {i}", (pattern - hf_patterns[i][0]).abs().max().item())
         torch.testing.assert_close(pattern, hf_patterns[i][0], atol=1e-5, rtol=0)
-    assert model.trf_blocks[0].att.window == WINDOW
+    assert any(block.att.window == WINDOW for block in model.trf_blocks)
 
 
 # %% 6. Left padding through a window
@@ -532,9 +588,9 @@ YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_posit
 @pytest.mark.parametrize("edit, fragment", [
     (dict(rope_parameters=YARN | dict(mscale=1.0, mscale_all_dim=1.0)), "mscale"),
     (dict(rope_parameters=YARN | dict(partial_rotary_factor=0.5)), "partial_rotary_factor"),
-    (dict(model_type="qwen3", use_sliding_window=True, sliding_window=8), "use_sliding_window"),
+    (dict(rope_parameters=YARN | dict(truncate=False)), "truncate: false"),
     (dict(model_type="phi3"), "model_type 'phi3'; load_long reads"),
-], ids=["yarn_mscale", "partial_rotary", "qwen3_sliding", "unknown_type"])
+], ids=["yarn_mscale", "partial_rotary", "yarn_untruncated", "unknown_type"])
 def test_load_long_rejects_what_it_does_not_build(tmp_path, llama3_files, edit, fragment):
     _, config, weights = llama3_files
     folder = checkpoint(tmp_path, config | edit, weights)

@@ -3,7 +3,7 @@
 Every run trains notebook 16's "all of the above (modern)" model (make_modern_ablation's SHAPE + MODERN: notebook
 09's character model, context 64) as a LongGPT with a sliding window or without, on notebook 09's schedule (TCFG)
 with AdamW, from a seed, on one thread, and measures the validation loss on 64 fixed batches and the training
-tokens per second: course_lib.modern.train_variant with LongGPT in place of ModernGPT. The variants: full
+tokens per second: course_lib.modern.train_variant with model_class=LongGPT. The variants: full
 attention, windows of 32, 16 and 8 on every layer, and Gemma 2's alternation (window 8 on layers 0 and 2, full
 attention on layer 1). Per variant the JSON also holds what the caches weigh (ring_cache_bytes, batch 1, 2 bytes a
 number) after 64 tokens and after 4,096: analytic, no timing. The JSON is rewritten after every run; a run already
@@ -27,7 +27,8 @@ import torch
 
 from course_lib.data.make_modern_ablation import MODERN, SHAPE, TCFG, machine, run_jobs, speed_main, splits
 from course_lib.long_context import LongConfig, LongGPT, ring_cache_bytes
-from course_lib.training import TrainConfig, evaluate, make_optimizer, train
+from course_lib.modern import train_variant
+from course_lib.training import TrainConfig, make_optimizer
 
 OUT = Path(__file__).with_name("long_ablation.json")
 VARIANTS = {  # name -> what changes from notebook 16's modern model, in the table's order
@@ -51,19 +52,11 @@ def run_hash(name: str, tcfg: dict = TCFG) -> str:
 
 
 def one_run(job: tuple[str, int, dict]) -> tuple[str, int, dict]:
-    """train_variant's steps (seed, model, AdamW, train, evaluate on 64 batches) with LongGPT."""
+    """One seed of one variant: notebook 16's train_variant, building a LongGPT."""
     name, seed, tcfg_fields = job
     torch.set_num_threads(1)
-    cfg, tcfg = config(name), TrainConfig(**tcfg_fields)
-    train_data, val_data = splits()
-    torch.manual_seed(seed)
-    model = LongGPT(cfg)
-    history = train(model, make_optimizer(model, tcfg), train_data, val_data, tcfg,
-                    torch.Generator().manual_seed(seed), progress=False)
-    return name, seed, {"parameters": sum(p.numel() for p in model.parameters()),
-                        "val_loss": evaluate(model, {"val": val_data}, tcfg.batch_size, 64)["val"],
-                        "tokens_per_s": tcfg.total_steps * tcfg.batch_size * cfg.context_length / history["seconds"],
-                        "hash": run_hash(name, tcfg_fields), "torch": torch.__version__}
+    _, result = train_variant(config(name), *splits(), TrainConfig(**tcfg_fields), seed, model_class=LongGPT)
+    return name, seed, result | {"hash": run_hash(name, tcfg_fields), "torch": torch.__version__}
 
 
 def speed_models(tcfg: TrainConfig) -> dict[str, tuple[LongGPT, torch.optim.Optimizer]]:

@@ -170,7 +170,7 @@ def graphed_greedy_decoder(model, capacity, batch, compile) -> None:
     other = next((block.att for block in model.trf_blocks if not isinstance(block.att, MultiHeadAttention)), None)
     if other is not None:  # its step feeds GPT-2's blocks; rotary attention would need the positions too
         raise TypeError(f"GraphedGreedyDecoder runs GPT-2's attention (MultiHeadAttention); this model's blocks use "
-                        f"{type(other).__name__} (notebook 16): decode it with generate()")
+                        f"{type(other).__name__} (notebooks 16 and 17): decode it with generate()")
     require_int("capacity", capacity, minimum=2)  # the prompt and the new tokens
     require_number("capacity", capacity, 2, model.cfg.context_length, why="no position past the model's context")
     require_int("batch", batch, minimum=1)

@@ -121,25 +121,29 @@ def window_may_attend(query_columns, key_columns, window) -> None:
         require_int("window", window, minimum=1)
 
 
-def ring_kv_cache(window) -> None:
-    """RingKVCache(window): at least one slot."""
+def ring_kv_cache(window, spare) -> None:
+    """RingKVCache(window, spare): at least one slot in the window, and no negative spare."""
     require_int("window", window, minimum=1)
+    require_int("spare", spare, minimum=0)
 
 
 def ring_crop(cache, length) -> None:
-    """RingKVCache.crop: 0 (forget all) or the length it has (nothing to forget); any other length would need
-    positions whose slots already hold later ones."""
+    """RingKVCache.crop: 0 (forget all), a length at or past what it holds (nothing to forget, as KVCache.crop), or
+    back by at most its spare slots; further back, the window before `length` is already overwritten."""
     require_int("length", length, minimum=0)
-    if length not in (0, len(cache)):
-        raise ValueError(f"a RingKVCache of window {cache.window} holding {len(cache)} positions cannot crop to "
-                         f"{length}: the slots of earlier positions are overwritten; crop to 0 and refill, or use "
-                         "a KVCache (it keeps every position) where you need to step back (speculative decoding)")
+    spare = cache.slots - cache.window
+    if 0 < length < len(cache) - spare:
+        raise ValueError(f"a RingKVCache of window {cache.window} with {spare} spare slots holding {len(cache)} "
+                         f"positions cannot crop to {length}: it can take back at most {spare} positions (the slots "
+                         "of older ones hold newer ones now); crop to 0 and refill, or build the caches with more "
+                         "spare slots, model.new_kv_caches(spare=...)")
 
 
-def ring_cache_bytes(cfg, tokens, batch, bytes_per_number) -> None:
+def ring_cache_bytes(cfg, tokens, batch, bytes_per_number, spare) -> None:
     """ring_cache_bytes: a LongConfig, and counts (tokens may be 0)."""
     long_config(cfg, "pass the model's LongConfig")
     modern_door.kv_cache_bytes(cfg, tokens, batch, bytes_per_number)
+    require_int("spare", spare, minimum=0)
 
 
 def hf_config(hf, source: str) -> None:
@@ -164,7 +168,6 @@ def hf_config(hf, source: str) -> None:
                "YaRN's mscale and mscale_all_dim (DeepSeek)": bool(rope.get("mscale") or rope.get("mscale_all_dim")),
                "YaRN without truncation (truncate: false)": rope.get("truncate", True) is False,
                "partial rotary (partial_rotary_factor)": rope.get("partial_rotary_factor", 1.0) != 1.0,
-               "Qwen's sliding window (use_sliding_window)": hf.get("use_sliding_window", False),
                "bidirectional attention": bool(hf.get("use_bidirectional_attention")),
                "attention_bias": hf.get("attention_bias", False), "mlp_bias": hf.get("mlp_bias", False)}
     act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
@@ -185,6 +188,9 @@ def hf_config(hf, source: str) -> None:
     if rope.get("original_max_position_embeddings") is not None:
         require_int(f"{source}: rope_parameters.original_max_position_embeddings",
                     rope["original_max_position_embeddings"], minimum=1)
+    for key in ("sliding_window", "sliding_window_pattern", "max_window_layers"):
+        if hf.get(key) is not None:
+            require_int(f"{source}: {key}", hf[key], minimum=1 if key != "max_window_layers" else 0)
     if hf.get("layer_types") is not None:
         known = ("sliding_attention", "full_attention")
         if not isinstance(hf["layer_types"], list) or any(t not in known for t in hf["layer_types"]):
@@ -216,9 +222,6 @@ def load_long(path, device) -> torch.device:
     """load_long: notebook 16's folder checks (config.json and the weights, a device this machine has)."""
     return modern_door.load_modern(path, device)
 
-
-# The doors below wait for their one-line calls in the lesson (notebook 17): see issue 47's door table,
-# tests/test_doors_long_context.py, whose cases marked "needs a door call" they turn into clear errors.
 
 def layer_index(cfg, layer) -> None:
     """LongConfig.is_local: the index of one of its blocks."""

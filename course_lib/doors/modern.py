@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ..config import GPTConfig
 from ..guards import (as_device, require_bool, require_int, require_number, require_token_tensor, require_type,
                       require_weight)
+from ..model import GPTModel
 from ..training import TrainConfig
 
 MODERN_FIELDS = ("norm", "norm_eps", "positions", "rope_theta", "ffn", "hidden_dim", "n_kv_heads", "head_dim",
@@ -256,10 +257,13 @@ def make_muon(model, tcfg) -> None:
                          "the 2-D weights of the blocks and AdamW the rest; pass a ModernGPT or GPTModel")
 
 
-def train_variant(cfg, train_data, val_data, tcfg, seed, optimizer, val_batches) -> None:
+def train_variant(cfg, train_data, val_data, tcfg, seed, optimizer, val_batches, model_class) -> None:
     """train_variant: everything, before the seed is set and a model built (a refusal changes nothing, not even
     the random generator)."""
     modern_config(cfg, "build one with ModernConfig(...)")
+    if not (isinstance(model_class, type) and issubclass(model_class, GPTModel)):  # the notebook's own class too
+        raise TypeError(f"model_class must be ModernGPT or a subclass of it (LongGPT), got {model_class!r}: pass the "
+                        "class itself, not a model")
     if optimizer not in ("adamw", "muon"):
         raise ValueError(f"optimizer must be 'adamw' or 'muon', got {optimizer!r}")
     require_type("tcfg", tcfg, TrainConfig, "build one with TrainConfig(...)")
