@@ -742,5 +742,5 @@ def test_graphed_greedy_decoder_refuses_a_modern_model_with_a_clear_error():
     from course_lib.generation import GraphedGreedyDecoder
     model = ModernGPT(ModernConfig(vocab_size=32, context_length=16, emb_dim=16, n_heads=2, n_layers=1,
                                    drop_rate=0.0, positions="rotary"))
-    with pytest.raises(TypeError, match=r"GroupedQueryAttention \(notebook 16\): decode it with generate\(\)"):
+    with pytest.raises(TypeError, match=r"GroupedQueryAttention \(notebooks 16 and 17\): decode it with generate\(\)"):
         GraphedGreedyDecoder(model, capacity=8)
