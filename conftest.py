@@ -14,6 +14,12 @@ for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # under the tests (and tools/refresh_notebooks.py, which imports this file) they run small; a learner's run is full.
 os.environ.setdefault("COURSE_ANSWER_SIZE", "small")
 
+# The notebooks' stored outputs were computed on a CPU, and nbval compares every cell with them: on a GPU machine the
+# test kernels must compute on the CPU too. get_device() (notebook 00), the one place where any notebook picks a
+# device, reads COURSE_DEVICE first; set it yourself (COURSE_DEVICE=cuda) to run the tests' kernels elsewhere. A
+# learner's own Jupyter, started without it, uses the fastest device (tools/notebooks_on_gpu.py runs them so).
+os.environ.setdefault("COURSE_DEVICE", "cpu")
+
 
 # Every figure a notebook draws must be readable in a lecture hall (docs/design.md, section 4 (what a lesson looks
 # like)): each nbval kernel checks each figure it renders with tests/figure_check.py, and a figure that breaks a rule
@@ -53,6 +59,14 @@ def _figure_check_profile():
 _figure_check_profile()
 
 
+CUDA_REASON = "needs a CUDA GPU"  # the skip reason of every CUDA-only test
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"cuda: a CUDA-only test (skipped with the reason {CUDA_REASON!r} where "
+                            "there is no GPU); `pytest -m cuda tests` runs just those (tools/notebooks_on_gpu.py)")
+
+
 # A learner may paste a worked answer into a fresh cell at the end of a notebook and run it there. nbval runs each
 # answer where it stands; this hook also runs one answer of every notebook a second time (its last answer that
 # does not read answer_size, or, where all do, its last: a cheap one to repeat), in the same kernel,
@@ -63,6 +77,9 @@ def pytest_collection_modifyitems(config, items):
     from collections import defaultdict
     from pathlib import Path
 
+    for item in items:  # the CUDA-only tests are known by their skip reason: mark them, so that `-m cuda` finds them
+        if any(mark.kwargs.get("reason") == CUDA_REASON for mark in item.iter_markers("skipif")):
+            item.add_marker("cuda")
     try:
         from nbval.plugin import IPyNbCell
     except ImportError:  # nbval not installed: nothing to add

@@ -4,6 +4,7 @@
 __all__ = ['GPT2_CONFIGS', 'GPTConfig', 'get_device']
 
 # %% ../notebooks/00_overview.ipynb #68232b50
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,11 @@ GPT2_CONFIGS = {
 
 # %% ../notebooks/00_overview.ipynb #09972e7f
 def get_device() -> torch.device:
-    """The fastest device here: a CUDA GPU, then Apple's MPS, then the CPU."""
+    """The fastest device here: a CUDA GPU, then Apple's MPS, then the CPU. The environment variable COURSE_DEVICE
+    (cpu, cuda or mps), when set, chooses instead: the test run sets it to cpu."""
+    chosen = door.course_device(os.environ.get("COURSE_DEVICE"))  # None, or a device this machine has
+    if chosen is not None:
+        return chosen
     if torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():

@@ -112,6 +112,7 @@ def test_get_device_returns_a_usable_device():
     (False, False, "cpu"),
 ])
 def test_get_device_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, expected):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)  # a learner's run: not the test session's cpu (test_device.py)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert get_device() == torch.device(expected)

@@ -100,10 +100,12 @@ def refresh(path: Path) -> float:
     return seconds
 
 
-def execute(path: Path, timing: bool = False) -> tuple[nbformat.NotebookNode, float]:
-    """Run one notebook top to bottom in a fresh kernel, as nbval does; return it with its outputs (the file is
-    left as it was) and the wall time in seconds. With `timing`, each cell's metadata records when it ran."""
-    notebook = nbformat.read(path, as_version=4)
+def execute(path: Path, timing: bool = False,
+            notebook: nbformat.NotebookNode | None = None) -> tuple[nbformat.NotebookNode, float]:
+    """Run one notebook top to bottom in a fresh kernel, as nbval does, in its folder; return it with its outputs
+    (the file is left as it was) and the wall time in seconds. With `timing`, each cell's metadata records when it
+    ran. `notebook`: run these cells instead of the file's (tools/notebooks_on_gpu.py appends one)."""
+    notebook = nbformat.read(path, as_version=4) if notebook is None else notebook
     # A cell nbval expects to raise must not stop the run: nbclient skips errors in cells tagged so.
     expected_to_raise = [c for c in notebook.cells if c.cell_type == "code" and RAISES in c.source.splitlines()]
     for cell in expected_to_raise:

@@ -1,6 +1,8 @@
 """Not a lesson: the doors of notebook 00 (course_lib/config.py): a GPTConfig's fields, and the config every class of
 the model is built from."""
 
+import torch
+
 from ..guards import require_bool, require_int, require_number, require_type
 
 
@@ -22,3 +24,18 @@ def gpt_config(cfg) -> None:
     later, deep inside a layer, with an AttributeError that says nothing about the config)."""
     from ..config import GPTConfig  # this lesson's own class: imported when called, so no import cycle
     require_type("cfg", cfg, GPTConfig, "build one with GPTConfig(...) or take one from GPT2_CONFIGS")
+
+
+def course_device(value):
+    """get_device: the COURSE_DEVICE environment variable, unset (None: get_device picks), or a device type this
+    machine has; returns the torch.device it names, or None."""
+    if value is None or value == "":
+        return None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if value not in available:
+        raise ValueError(f"COURSE_DEVICE is {value!r}: set it to 'cpu', 'cuda' or 'mps', or unset it to let "
+                         "get_device() pick the fastest device here")
+    if not available[value]:
+        raise ValueError(f"COURSE_DEVICE is {value!r} but this machine has no {value} device (torch sees none): "
+                         "unset COURSE_DEVICE, or set it to 'cpu'")
+    return torch.device(value)
