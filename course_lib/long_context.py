@@ -313,7 +313,7 @@ def hf_rope(hf: dict) -> tuple[dict, float | None]:
     rope = {"rope_type": rope.get("rope_type", rope.get("type", "default"))} | rope
     return rope, (local_theta if hf["model_type"] == "gemma3_text" else None)
 
-
+# %% ../notebooks/17_long_context.ipynb #hf-layer-types
 def hf_layer_types(hf: dict) -> tuple[str, ...] | None:
     """"local" or "global" per layer (None: no window anywhere): the config's layer_types, or for files that do not
     list them the rule each family's config applies (Gemma 2 alternates, Gemma 3 keeps every sliding_window_pattern-th
@@ -329,7 +329,7 @@ def hf_layer_types(hf: dict) -> tuple[str, ...] | None:
              "qwen3": lambda i: i >= hf.get("max_window_layers", n)}.get(hf["model_type"], lambda i: True)
     return tuple("local" if local(i) else "global" for i in range(n))
 
-
+# %% ../notebooks/17_long_context.ipynb #long-config-from-hf
 def long_config_from_hf(hf: dict, source: str = "config") -> LongConfig:
     """The LongConfig of a Hugging Face Llama, Qwen3, Mistral, Gemma 2 or Gemma 3 config.json, parsed: notebook 16
     reads the Llama part, and this function adds what the others add."""

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..config import GPTConfig
-from ..guards import require_bool, require_int, require_number, require_type, require_weight
+from ..guards import require_bool, require_int, require_number, require_type
 from . import modern as modern_door
 
 LONG_FIELDS = ("rope_type", "rope_factor", "original_context", "low_freq_factor", "high_freq_factor", "beta_fast",
@@ -198,24 +198,10 @@ def hf_config(hf, source: str) -> None:
 
 
 def hf_state(hf_state, cfg, names: dict[str, str], gemma, source: str) -> None:
-    """long_state_from_hf: every tensor the map names, none more, each finite and of LongGPT(cfg)'s shape."""
-    require_bool("gemma", gemma)  # whether the norms store w (Gemma) or the scale itself
+    """long_state_from_hf: notebook 16's check of every tensor, against LongGPT(cfg)'s shapes; gemma a bool."""
     from ..long_context import LongGPT  # this lesson's own class: imported when called, so no import cycle
-    require_type("hf_state", hf_state, dict, "pass the tensors of the checkpoint, name -> tensor (safetensors' "
-                 "load_file)")
-    stored_head = cfg.tie_weights and {"lm_head.weight", "model.embed_tokens.weight"} <= hf_state.keys()
-    missing = sorted(names.keys() - hf_state.keys())
-    unknown = sorted(hf_state.keys() - names.keys() - ({"lm_head.weight"} if stored_head else set()))
-    if missing or unknown:
-        raise ValueError(f"{source}: the weights do not fit its config.json: missing {missing[:3]}, not expected "
-                         f"{unknown[:3]} ({len(missing)} and {len(unknown)} in all)")
-    with torch.device("meta"):  # the shapes only
-        shapes = {name: tuple(p.shape) for name, p in LongGPT(cfg).state_dict().items()}
-    for theirs, ours in names.items():
-        require_weight(source, theirs, hf_state[theirs], shapes[ours])
-    if stored_head and not torch.equal(hf_state["lm_head.weight"], hf_state["model.embed_tokens.weight"]):
-        raise ValueError(f"{source}: tie_word_embeddings is true but lm_head.weight differs from "
-                         "model.embed_tokens.weight: the config and the weights disagree")
+    require_bool("gemma", gemma)  # whether the norms store w (Gemma) or the scale itself
+    modern_door.hf_state(hf_state, cfg, names, source, LongGPT)
 
 
 def load_long(path, device) -> torch.device:

@@ -138,11 +138,12 @@ def name_map(cfg) -> None:
                          f"{', '.join(f'{k}={v!r}' for k, v in llama.items())}); build cfg with modern_config_from_hf")
 
 
-def hf_state(hf_state, cfg, names: dict[str, str], source: str) -> None:
+def hf_state(hf_state, cfg, names: dict[str, str], source: str, model_class=None) -> None:
     """modern_state_from_hf: every tensor the map names, none more (a tied head may be stored a second time, equal
-    to the embedding), each a floating-point tensor of the shape ModernGPT(cfg) gives it, every number finite.
-    One look at every tensor, here in the loader, never in a forward."""
+    to the embedding), each a floating-point tensor of the shape model_class(cfg) gives it (default ModernGPT;
+    notebook 17's door passes LongGPT), every number finite. One look at every tensor, in the loader."""
     from ..modern import ModernGPT  # this lesson's own class: imported when called, so no import cycle
+    model_class = ModernGPT if model_class is None else model_class
     require_type("hf_state", hf_state, dict, "pass the tensors of the checkpoint, name -> tensor (safetensors' "
                  "load_file)")
     stored_head = cfg.tie_weights and {"lm_head.weight", "model.embed_tokens.weight"} <= hf_state.keys()
@@ -152,7 +153,7 @@ def hf_state(hf_state, cfg, names: dict[str, str], source: str) -> None:
         raise ValueError(f"{source}: the weights do not fit its config.json: missing {missing[:3]}, not expected "
                          f"{unknown[:3]} ({len(missing)} and {len(unknown)} in all)")
     with torch.device("meta"):  # the shapes only: no numbers, no draw from the random generator
-        shapes = {name: tuple(p.shape) for name, p in ModernGPT(cfg).state_dict().items()}
+        shapes = {name: tuple(p.shape) for name, p in model_class(cfg).state_dict().items()}
     for theirs, ours in names.items():
         require_weight(source, theirs, hf_state[theirs], shapes[ours])
     head = hf_state.get("lm_head.weight")
