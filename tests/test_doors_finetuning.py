@@ -6,6 +6,7 @@ tests/test_doors_finetuning.py` prints how many cases are clear errors, correct 
 wrong answers."""
 
 import math
+import random
 import string
 import warnings
 from dataclasses import replace
@@ -18,12 +19,14 @@ from course_lib.doors import finetuning as door
 from course_lib.finetuning import (
     CHAT_TOKENS, IGNORE_INDEX, BagOfChars, ChatTokenizer, ClassifierGPT, LoRALinear, Passages, accuracy, apply_lora,
     chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, encode_passages, find_lora_targets, format_chat,
-    generate_replies, grow_vocabulary, judge_reply, last_word, load_lora_state_dict, load_shakespeare_chat, lora_layers,
-    lora_state_dict, make_instructions, merge_lora, play_passages, play_speeches, speeches, stratified_split,
-    train_classifier, train_new_rows, unmerge_lora,
+    fit_logistic, generate_replies, grow_vocabulary, judge_reply, last_states, last_word, load_lora_state_dict,
+    load_shakespeare_chat, lora_layers, lora_state_dict, make_instructions, merge_lora, order_lines, order_passages,
+    play_passages, play_speeches, shuffle_words, speeches, stratified_split, train_classifier, train_new_rows,
+    unmerge_lora, word_frequencies,
 )
 from course_lib.model import GPTModel
 from course_lib.tokenization import CharTokenizer
+from course_lib.training import load_shakespeare
 
 from doors import door_tests, report
 
@@ -120,6 +123,11 @@ def bag():
 def classifier(num_classes=2):
     torch.manual_seed(0)
     return ClassifierGPT(model(replace(CFG, vocab_size=8)), num_classes)
+
+
+FEATURES = (torch.tensor([[0.0, 1.0], [0.2, 0.9], [1.0, 0.1], [0.9, 0.0], [0.1, 0.8], [0.8, 0.2]]),
+            torch.tensor([0, 0, 1, 1, 0, 1]))  # two separable classes, as (features, labels)
+SHAKESPEARE_CHARS = CharTokenizer(sorted(set(load_shakespeare())))  # the corpus's 65 characters
 
 
 def passages(**changes):
@@ -450,6 +458,81 @@ CASES = [
     ("accuracy str model", lambda: accuracy("bag", data()), "error", TypeError, "model must be a ClassifierGPT"),
     ("accuracy labels >= classes", lambda: accuracy(bag(), passages(labels=torch.full((6,), 5))), "error",
      ValueError, "data.labels must be int64 classes in [0, 2)"),
+    # word_frequencies, fit_logistic, last_states: the bag of words and the probe fitted to convergence
+    ("words ok", lambda: word_frequencies(["O Rome, O Rome", "Rome"]), "result",
+     lambda r: r[1] == ["o", "rome"] and torch.allclose(r[0], torch.tensor([[0.5, 0.5], [0.0, 1.0]]))),
+    ("words unseen word", lambda: word_frequencies(["good night"], ["night"]), "result",
+     lambda r: torch.equal(r[0], torch.tensor([[1.0]]))),
+    ("words no known word", lambda: word_frequencies(["..."], ["night"]), "result",
+     lambda r: torch.equal(r[0], torch.zeros(1, 1))),
+    ("words str", lambda: word_frequencies("O Rome"), "error", TypeError, "texts must be a list"),
+    ("words int text", lambda: word_frequencies(["a", 3]), "error", TypeError, "texts[1] must be a str"),
+    ("words vocabulary str", lambda: word_frequencies(["a"], "a"), "error", TypeError, "vocabulary must be a list"),
+    ("words vocabulary empty", lambda: word_frequencies(["a"], []), "error", ValueError,
+     "vocabulary must be a non-empty"),
+    ("words vocabulary twice", lambda: word_frequencies(["a"], ["a", "a"]), "error", ValueError, "distinct words"),
+    ("logistic ok", lambda: fit_logistic(FEATURES, FEATURES, 2), "result",
+     lambda r: isinstance(r[0], nn.Linear) and r[1] in (1e-4, 1e-3, 1e-2, 1e-1)
+     and bool((r[0](FEATURES[0]).argmax(-1) == FEATURES[1]).all())),
+    ("logistic one class", lambda: fit_logistic(FEATURES, FEATURES, 1), "error", ValueError,
+     "num_classes must be >= 2"),
+    ("logistic list", lambda: fit_logistic([FEATURES[0], FEATURES[1]], FEATURES, 2), "error", TypeError,
+     "train must be a tuple (features (n, d), labels (n,))"),
+    ("logistic 1-d features", lambda: fit_logistic((FEATURES[0][:, 0], FEATURES[1]), FEATURES, 2), "error",
+     ValueError, "train must be (features (n, d) float, labels (n,))"),
+    ("logistic int features", lambda: fit_logistic((FEATURES[0].long(), FEATURES[1]), FEATURES, 2), "error",
+     ValueError, "train must be (features (n, d) float"),
+    ("logistic n mismatch", lambda: fit_logistic((FEATURES[0], FEATURES[1][:3]), FEATURES, 2), "error", ValueError,
+     "with the same n > 0"),
+    ("logistic val width", lambda: fit_logistic(FEATURES, (FEATURES[0][:, :1], FEATURES[1]), 2), "error", ValueError,
+     "val's features have 1 columns, train's 2"),
+    ("logistic label 2", lambda: fit_logistic((FEATURES[0], FEATURES[1] + 1), FEATURES, 2), "error", ValueError,
+     "train's labels must be int64 classes in [0, 2)"),
+    ("logistic nan", lambda: fit_logistic((FEATURES[0].masked_fill(FEATURES[0] > 0.5, math.nan), FEATURES[1]),
+                                          FEATURES, 2), "error", ValueError, "train's features hold NaN or inf"),
+    ("logistic penalty list", lambda: fit_logistic(FEATURES, FEATURES, 2, [0.1]), "error", TypeError,
+     "penalties must be a non-empty tuple"),
+    ("logistic penalty -1", lambda: fit_logistic(FEATURES, FEATURES, 2, (-1.0,)), "error", ValueError,
+     "penalties[0] must be"),
+    ("logistic max_iter 0", lambda: fit_logistic(FEATURES, FEATURES, 2, max_iter=0), "error", ValueError,
+     "max_iter must be >= 1"),
+    ("states ok", lambda: last_states(model(replace(CFG, vocab_size=8)), data(), 4), "result",
+     lambda s: s.shape == (6, 16)),
+    ("states classifier", lambda: last_states(classifier(), data()), "error", TypeError,
+     "model must be a GPTModel"),
+    ("states list", lambda: last_states(model(replace(CFG, vocab_size=8)), [1]), "error", TypeError,
+     "data must be a Passages"),
+    ("states empty", lambda: last_states(model(replace(CFG, vocab_size=8)), data()[torch.arange(0)]), "error",
+     ValueError, "data holds no passage"),
+    ("states vocabulary", lambda: last_states(model(replace(CFG, vocab_size=4)), data()), "error", ValueError,
+     "data.token_ids"),
+    ("states batch 0", lambda: last_states(model(replace(CFG, vocab_size=8)), data(), 0), "error", ValueError,
+     "batch_size must be >= 1"),
+    # shuffle_words, order_lines, order_passages: the word-order task
+    ("shuffle ok", lambda: shuffle_words("Is this a dagger which I see", random.Random(0)), "result",
+     lambda s: s != "Is this a dagger which I see" and sorted(s) == sorted("Is this a dagger which I see")),
+    ("shuffle too few", lambda: shuffle_words("Ay, my lord.", random.Random(0)), "result", lambda s: s is None),
+    ("shuffle one word", lambda: shuffle_words("O the the the end", random.Random(0)), "result", lambda s: s is None),
+    ("shuffle bytes", lambda: shuffle_words(b"a b c d e", random.Random(0)), "error", TypeError, "line must be a str"),
+    ("shuffle seed int", lambda: shuffle_words("a b c d e", 0), "error", TypeError,
+     "rng must be a Random, got int: pass a seeded generator"),
+    ("order lines ok", lambda: order_lines("A:\nIs this a dagger which I see\n\n", min_chars=5), "result",
+     lambda lines: lines == ["Is this a dagger which I see"]),
+    ("order lines excluded", lambda: order_lines("A:\nIs this a dagger which I see\n\n",
+                                                 "B:\nIs this a dagger which I see\n"), "result",
+     lambda lines: lines == []),
+    ("order lines bytes", lambda: order_lines(b"A:\nx\n\n"), "error", TypeError, "text must be a str"),
+    ("order lines exclude None", lambda: order_lines("A:\nx\n\n", None), "error", TypeError, "exclude must be a str"),
+    ("order lines max < min", lambda: order_lines("A:\nx\n\n", "", 20, 10), "error", ValueError,
+     "max_chars must be >= 20"),
+    ("order passages tokenizer", lambda: order_passages("chars"), "error", TypeError,
+     "tokenizer must be a CharTokenizer"),
+    ("order passages too many", lambda: order_passages(SHAKESPEARE_CHARS, train_lines=10**6), "error", ValueError,
+     "usable lines: ask for fewer"),
+    ("order passages val 1", lambda: order_passages(SHAKESPEARE_CHARS, val_lines=1), "error", ValueError,
+     "val_lines must be >= 2"),
+    ("order passages seed", lambda: order_passages(SHAKESPEARE_CHARS, seed="0"), "error", TypeError,
+     "seed must be an int"),
     # grow_vocabulary, train_new_rows
     ("grow ok", lambda: (lambda m, g: (m, g))(model(), grow_vocabulary(model(), 3)), "result",
      lambda r: r[1].cfg.vocab_size == 15 and torch.equal(r[1].out_head.weight[:12], r[0].out_head.weight)),

@@ -1,16 +1,22 @@
 """Issue 32, a classifier from a language model: the play task's split keeps every speech in one split, the
 classifier's head reads each passage's last real position, the doors give clear errors, and a short training run
-beats the majority class on a small synthetic task."""
+beats the majority class on a small synthetic task. Issue 44: the word-order task (same bags, another order; test
+lines unseen), the probe's cached states, the logistic regression at its optimum, and the shipped results' gate."""
+
+import json
+import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from course_lib.config import GPTConfig
-from course_lib.finetuning import (BagOfChars, ClassifierGPT, Passages, accuracy, encode_passages, play_passages,
-                                   play_speeches, stratified_split, train_classifier)
+from course_lib.finetuning import (MOVABLE, BagOfChars, ClassifierGPT, Passages, accuracy, encode_passages,
+                                   fit_logistic, last_states, order_lines, order_passages, play_passages, play_speeches,
+                                   shuffle_words, stratified_split, train_classifier, word_frequencies)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt
-from course_lib.tokenization import CharTokenizer
+from course_lib.tokenization import DATA_DIR, CharTokenizer
 from course_lib.training import load_shakespeare
 
 CFG = GPTConfig(vocab_size=8, context_length=12, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
@@ -179,3 +185,103 @@ def test_train_classifier_doors():
         train_classifier(BagOfChars(2, 2), data, epochs=1, lr=0.0)
     with pytest.raises(TypeError, match="data must be a Passages"):
         accuracy(BagOfChars(2, 2), [1, 2])
+
+
+# ------------------------------------------------------------------------- issue 44: the word-order task and the probe
+def pairs(text: str) -> list[str]:
+    return sorted(text[i:i + 2] for i in range(len(text) - 1))
+
+
+def test_shuffle_words_keeps_every_bag_and_changes_the_order():
+    rng, lines = random.Random(0), order_lines(load_shakespeare()[:200_000])
+    assert len(lines) > 2000
+    for line in lines[::7]:
+        shuffled = shuffle_words(line, rng)
+        assert shuffled != line
+        assert sorted(shuffled) == sorted(line) and pairs(shuffled) == pairs(line)  # characters and their pairs
+        assert sorted(shuffled.split(" ")) == sorted(line.split(" "))  # words
+        old, new = line.split(" "), shuffled.split(" ")
+        assert old[0] == new[0] and old[-1] == new[-1]  # the first and last words stay
+        assert all(a == b for a, b in zip(old, new) if not MOVABLE.fullmatch(a))  # capitals and punctuation stay
+
+
+@pytest.fixture(scope="module")
+def order_task():
+    tokenizer = load_shakespeare_gpt()[1]
+    return order_passages(tokenizer), tokenizer
+
+
+def test_order_passages_test_lines_are_unseen_and_each_split_is_half_shuffled(order_task):
+    splits, tokenizer = order_task
+    text = load_shakespeare()
+    cut = int(len(text) * 0.9)
+    assert {name: len(part) for name, part in splits.items()} == {"train": 6000, "val": 600, "test": 1741}
+    for part in splits.values():
+        assert abs(int(part.labels.sum()) - len(part) / 2) <= 0.5  # half and half
+    assert not set(splits["train"].source.tolist()) & set(splits["val"].source.tolist())  # no line in both
+    lines = {name: [tokenizer.decode(ids[:n].tolist()) for ids, n in zip(part.token_ids, part.lengths)]
+             for name, part in splits.items()}
+    pools = {"train": order_lines(text[:cut]), "test": order_lines(text[cut:], exclude=text[:cut])}
+    for name, pool in (("train", "train"), ("val", "train"), ("test", "test")):
+        for k in range(0, len(lines[name]), 11):
+            original = pools[pool][int(splits[name].source[k])]
+            if splits[name].labels[k] == 0:
+                assert lines[name][k] == original
+            else:
+                assert lines[name][k] != original and sorted(lines[name][k]) == sorted(original)
+            if name == "test":
+                assert original not in text[:cut]  # text no course model trained on
+            else:
+                assert original in text[:cut]
+    again = order_passages(tokenizer)
+    assert all(torch.equal(again[name].token_ids, splits[name].token_ids) for name in splits)  # seeded
+
+
+def test_fit_logistic_reaches_the_optimum():
+    generator = torch.Generator().manual_seed(0)
+    x = 3 + 2 * torch.randn(200, 5, generator=generator)  # not standardised: the fit must handle it
+    y = (x[:, 0] + 0.5 * torch.randn(200, generator=generator) > 3).long()  # not separable
+    layer, penalty = fit_logistic((x, y), (x, y), 2, penalties=(1e-2,))
+    assert penalty == 1e-2
+    mean, std = x.mean(0), x.std(0)
+    weight = (layer.weight.detach() * std).requires_grad_(True)  # the standardised problem the fit solved
+    bias = (layer.bias.detach() + layer.weight.detach() @ mean).requires_grad_(True)
+    loss = F.cross_entropy((x - mean) / std @ weight.T + bias, y) + 1e-2 * weight.pow(2).sum()
+    loss.backward()
+    assert weight.grad.abs().max() < 1e-4 and bias.grad.abs().max() < 1e-4  # a stationary point of a convex loss
+    assert (layer(x).argmax(-1) == y).float().mean() > 0.8
+
+
+def test_last_states_are_what_a_probe_in_classifier_gpt_reads():
+    torch.manual_seed(0)
+    body = GPTModel(CFG).train()  # dropout is 0 here; the mode must come back all the same
+    tokenizer = CharTokenizer("abcdefgh")
+    data = encode_passages(["abcabcabca", "hg", "fedcba"], [0, 1, 2], tokenizer, 12)
+    states = last_states(body, data, batch_size=2)
+    assert states.shape == (3, 32) and body.training
+    classifier = ClassifierGPT(body, 3).eval()
+    with torch.no_grad():
+        assert torch.allclose(classifier.out_head(states), classifier(data.token_ids, data.lengths), atol=1e-5)
+
+
+def test_word_frequencies_vocabulary_is_the_training_words_seen_twice():
+    features, vocabulary = word_frequencies(["O Rome, Rome!", "the Rome of o'er", "o'er and o'er"])
+    assert vocabulary == ["o'er", "rome"]
+    assert torch.allclose(features, torch.tensor([[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]))  # shares of the known words
+    unseen, same = word_frequencies(["Caesar"], vocabulary)
+    assert same == vocabulary and torch.equal(unseen, torch.zeros(1, 2))
+
+
+def test_the_shipped_results_meet_the_gate_with_their_noise():
+    results = json.loads((DATA_DIR / "classifier_results.json").read_text(encoding="utf-8"))
+    for task in results["tasks"].values():
+        for row in task["methods"]:
+            tests = [run["test"] for run in row["runs"]]
+            assert row["test_mean"] == pytest.approx(sum(tests) / len(tests))
+            assert row["noise"] == max(max(tests) - min(tests), max(run["bootstrap"] for run in row["runs"]))
+            assert len(row["runs"]) in (1, 3)
+    rows = {row["method"]: row for row in results["tasks"]["order"]["methods"]}
+    bags = max(rows[m]["test_mean"] for m in ("bag of characters", "bag of words"))
+    tuned = max(rows[m]["test_mean"] for m in ("full fine-tuning", "LoRA r=8 + head"))
+    assert abs(bags - 0.5) < 0.05  # a bag sees one input for both answers
+    assert tuned - bags >= 0.15

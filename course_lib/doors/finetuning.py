@@ -9,6 +9,7 @@ own copies of them while it runs. Its constants and pure helpers (CHAT_TOKENS, f
 the doors that need them: the lesson imports its door when it loads, so the door may not import the lesson then."""
 
 import math
+import random
 import re
 
 import torch
@@ -300,6 +301,85 @@ def train_classifier(model, data, epochs, lr, batch_size, weight_decay, seed) ->
 def accuracy(model, data, batch_size) -> None:
     _classifier_and_data(model, data)
     require_int("batch_size", batch_size, minimum=1)
+
+
+def word_frequencies(texts, vocabulary) -> None:
+    """word_frequencies: a list of str, and a vocabulary that is None or a non-empty list of distinct str."""
+    require_type("texts", texts, list, "pass a list of strings, one per text")
+    for i, text in enumerate(texts):
+        require_type(f"texts[{i}]", text, str, "each text is a string")
+    if vocabulary is not None:
+        require_type("vocabulary", vocabulary, list, "pass the vocabulary returned for the training texts, or None")
+        if not vocabulary or len(set(vocabulary)) != len(vocabulary) or not all(isinstance(w, str) for w in vocabulary):
+            raise ValueError("vocabulary must be a non-empty list of distinct words (str): pass the one "
+                             "word_frequencies returned for the training texts")
+
+
+def _features_and_labels(name: str, pair, num_classes: int, width: int | None = None) -> None:
+    if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(t, Tensor) for t in pair)):
+        raise TypeError(f"{name} must be a tuple (features (n, d), labels (n,)) of tensors, got {type(pair).__name__}")
+    x, y = pair
+    if x.dim() != 2 or not x.is_floating_point() or y.dim() != 1 or len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"{name} must be (features (n, d) float, labels (n,)) with the same n > 0, got shapes "
+                         f"{tuple(x.shape)} ({x.dtype}) and {tuple(y.shape)}")
+    if width is not None and x.shape[1] != width:
+        raise ValueError(f"{name}'s features have {x.shape[1]} columns, train's {width}: compute both the same way "
+                         "(the same vocabulary, the same model)")
+    if y.dtype != torch.int64 or bool(((y < 0) | (y >= num_classes)).any()):
+        raise ValueError(f"{name}'s labels must be int64 classes in [0, {num_classes})")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name}'s features hold NaN or inf: a logistic regression cannot fit them")
+
+
+def fit_logistic(train, val, num_classes, penalties, max_iter) -> None:
+    """fit_logistic: (features, labels) pairs for train and val of one width, classes, penalties >= 0."""
+    require_int("num_classes", num_classes, minimum=2)
+    _features_and_labels("train", train, num_classes)
+    _features_and_labels("val", val, num_classes, width=train[0].shape[1])
+    if not isinstance(penalties, tuple) or not penalties:
+        raise TypeError(f"penalties must be a non-empty tuple of L2 strengths such as (1e-3, 1e-2), got {penalties!r}")
+    for i, penalty in enumerate(penalties):
+        require_number(f"penalties[{i}]", penalty, 0, math.inf, high_open=True, why="the L2 penalty on the weights")
+    require_int("max_iter", max_iter, minimum=1)
+
+
+def last_states(model, data, batch_size) -> None:
+    """last_states: a GPTModel (the body, not a ClassifierGPT) and Passages it can read."""
+    require_type("model", model, GPTModel, "pass the language model itself, e.g. load_shakespeare_gpt()[0], not a "
+                 "ClassifierGPT (its head is the one being fitted)")
+    if not all(hasattr(data, field) for field in ("token_ids", "lengths", "labels", "source")):
+        raise TypeError(f"data must be a Passages, got {type(data).__name__}: build it with play_passages(...), "
+                        "order_passages(...) or encode_passages(...)")
+    if len(data.labels) == 0:
+        raise ValueError("data holds no passage: pass at least one")
+    require_token_tensor("data.token_ids", data.token_ids, dims=2, vocab_size=model.cfg.vocab_size,
+                         max_tokens=model.cfg.context_length)
+    lengths(data.lengths, data.token_ids)
+    require_int("batch_size", batch_size, minimum=1)
+
+
+def shuffle_words(line, rng) -> None:
+    """shuffle_words: a str and a random.Random (seeded by the caller, so a rerun shuffles alike)."""
+    require_type("line", line, str, "pass one line of text")
+    require_type("rng", rng, random.Random, "pass a seeded generator, e.g. random.Random(0)")
+
+
+def order_lines(text, exclude, min_chars, max_chars) -> None:
+    require_type("text", text, str, "pass a stretch of the corpus, e.g. load_shakespeare()[:cut]")
+    require_type("exclude", exclude, str, "pass the text no line may occur in, or \"\"")
+    require_int("min_chars", min_chars, minimum=1)
+    require_int("max_chars", max_chars, minimum=min_chars)
+
+
+def order_passages(tokenizer, train_lines, val_lines, seed, available: int) -> None:
+    """order_passages: a CharTokenizer, split sizes that the usable training lines can fill, an int seed."""
+    require_type("tokenizer", tokenizer, CharTokenizer, "pass the model's tokenizer, e.g. load_shakespeare_gpt()[1]")
+    require_int("train_lines", train_lines, minimum=2)
+    require_int("val_lines", val_lines, minimum=2)
+    require_int("seed", seed)
+    if train_lines + val_lines > available:
+        raise ValueError(f"train_lines + val_lines = {train_lines + val_lines:,} but the training text has "
+                         f"{available:,} usable lines: ask for fewer")
 
 
 # ------------------------------------------------------------------------------------------------------------ chat
