@@ -307,7 +307,8 @@ def fit_logistic(train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor], num_c
     standardised for the fit and the layer returned reads them raw."""
     door.fit_logistic(train, val, num_classes, penalties, max_iter)
     x, y = train
-    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)  # (d,) each
+    mean, std = x.mean(0), x.std(0)  # (d,) each
+    std = torch.where(std > 0, std, torch.ones_like(std))  # a column constant in training is left as it is
     best = None
     for penalty in penalties:
         torch.manual_seed(0)  # the same starting layer for every penalty: the result depends on the data alone

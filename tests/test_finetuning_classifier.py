@@ -284,4 +284,6 @@ def test_the_shipped_results_meet_the_gate_with_their_noise():
     bags = max(rows[m]["test_mean"] for m in ("bag of characters", "bag of words"))
     tuned = max(rows[m]["test_mean"] for m in ("full fine-tuning", "LoRA r=8 + head"))
     assert abs(bags - 0.5) < 0.05  # a bag sees one input for both answers
-    assert tuned - bags >= 0.15
+    best_bag = max((rows[m] for m in ("bag of characters", "bag of words")), key=lambda row: row["test_mean"])
+    best_tuned = max((rows[m] for m in ("full fine-tuning", "LoRA r=8 + head")), key=lambda row: row["test_mean"])
+    assert tuned - bags >= 0.15 and tuned - bags > best_bag["noise"] + best_tuned["noise"]  # beyond both noises

@@ -7,11 +7,11 @@ The tasks: the play of a 128-character passage (seven plays, `play_passages`) an
 trained by `train_classifier`); a bag of words and a linear probe on the frozen model's last state (both fitted to
 convergence by `fit_logistic`: convex, one optimum, so one run stands for every seed); full fine-tuning, LoRA
 (rank 8 on every projection, plus the head) and, on the order task, the same network from random weights (what
-pretraining buys), each trained epoch by epoch
-and kept at the epoch with the best validation accuracy, with seeds 0, 1 and 2 (the new head's weights, the
-dropout masks and the order of the batches). Each job runs in its own process with one torch thread, so a rerun
-on the same machine gives the same accuracies; the notebook prints this file and refits the probe and the bag of
-words itself.
+pretraining buys), each trained epoch by epoch (one `train_classifier` call per epoch, so AdamW starts afresh
+each epoch) and kept at the epoch with the best validation accuracy, with seeds 0, 1 and 2 (the new head's
+weights, the dropout masks and the order of the batches). Each job runs in its own process with one torch thread,
+so a rerun on the same machine gives the same accuracies. The notebook prints this file, refits the bag of words
+itself and reads the play probe's head, stored here (its states take a minute to compute).
 
 Noise, per method: the larger of the range of the test accuracy over the seeds and the 95% bootstrap half-width of
 the test accuracy (1,000 resamples of the test set, the widest over the seeds).

@@ -310,18 +310,20 @@ def word_frequencies(texts, vocabulary) -> None:
         require_type(f"texts[{i}]", text, str, "each text is a string")
     if vocabulary is not None:
         require_type("vocabulary", vocabulary, list, "pass the vocabulary returned for the training texts, or None")
-        if not vocabulary or len(set(vocabulary)) != len(vocabulary) or not all(isinstance(w, str) for w in vocabulary):
-            raise ValueError("vocabulary must be a non-empty list of distinct words (str): pass the one "
-                             "word_frequencies returned for the training texts")
+        from ..finetuning import WORD  # this lesson's own pattern: imported when called, so no import cycle
+        if (not vocabulary or len(set(vocabulary)) != len(vocabulary)
+                or not all(isinstance(w, str) and WORD.fullmatch(w) for w in vocabulary)):
+            raise ValueError("vocabulary must be a non-empty list of distinct words, each lower-case letters and "
+                             "apostrophes: pass the one word_frequencies returned for the training texts")
 
 
-def _features_and_labels(name: str, pair, num_classes: int, width: int | None = None) -> None:
+def _features_and_labels(name: str, pair, num_classes: int, width: int | None = None, rows: int = 1) -> None:
     if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(t, Tensor) for t in pair)):
         raise TypeError(f"{name} must be a tuple (features (n, d), labels (n,)) of tensors, got {type(pair).__name__}")
     x, y = pair
-    if x.dim() != 2 or not x.is_floating_point() or y.dim() != 1 or len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"{name} must be (features (n, d) float, labels (n,)) with the same n > 0, got shapes "
-                         f"{tuple(x.shape)} ({x.dtype}) and {tuple(y.shape)}")
+    if x.dim() != 2 or x.dtype != torch.float32 or y.dim() != 1 or len(x) != len(y) or len(x) < rows:
+        raise ValueError(f"{name} must be (features (n, d) float32, labels (n,)) with the same n >= {rows}, got "
+                         f"shapes {tuple(x.shape)} ({x.dtype}) and {tuple(y.shape)}: .float() casts the features")
     if width is not None and x.shape[1] != width:
         raise ValueError(f"{name}'s features have {x.shape[1]} columns, train's {width}: compute both the same way "
                          "(the same vocabulary, the same model)")
@@ -334,7 +336,7 @@ def _features_and_labels(name: str, pair, num_classes: int, width: int | None = 
 def fit_logistic(train, val, num_classes, penalties, max_iter) -> None:
     """fit_logistic: (features, labels) pairs for train and val of one width, classes, penalties >= 0."""
     require_int("num_classes", num_classes, minimum=2)
-    _features_and_labels("train", train, num_classes)
+    _features_and_labels("train", train, num_classes, rows=2)  # a standard deviation needs two rows
     _features_and_labels("val", val, num_classes, width=train[0].shape[1])
     if not isinstance(penalties, tuple) or not penalties:
         raise TypeError(f"penalties must be a non-empty tuple of L2 strengths such as (1e-3, 1e-2), got {penalties!r}")
