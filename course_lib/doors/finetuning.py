@@ -488,6 +488,10 @@ def make_instructions(text, per_task, seed, exclude, max_line) -> None:
                              "pass a longer text or ask for fewer")
 
 
+def prompt_spans(instruction) -> None:
+    require_type("instruction", instruction, str, "pass the instruction's text, example['instruction']")
+
+
 def judge_reply(example, reply) -> None:
     """judge_reply: one instruction of make_instructions (a dict with a known task and a response) and a str."""
     from ..finetuning import INSTRUCTION_TASKS  # this lesson's own constant, as above
