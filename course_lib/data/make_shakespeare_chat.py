@@ -300,6 +300,7 @@ def main(argv=None, recipe=RECIPE):
         "noise": noise(runs),
         "heldout_replies": [{"index": i, "base_plain": base["replies"]["base_plain"][i],
                              "grown_chat": base["replies"]["grown_chat"][i], "fine_tuned": replies[i]} for i in firsts],
+        "fine_tuned_replies": replies,  # seed 0's greedy reply to every held-out instruction, in order
         "wall_seconds": round(time.perf_counter() - started, 1),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, {args.workers} process(es) of {args.threads} torch "
                    f"thread(s), torch {torch.__version__}, Python {platform.python_version()}",
