@@ -297,17 +297,19 @@ def grpo_step(policy: GPTModel, reference: GPTModel | None, tokenizer: ChatToken
 def score_policy(model: GPTModel, tokenizer: ChatTokenizer, examples: list[dict], samples: int = 8,
                  generator: torch.Generator | None = None, max_new_tokens: int = 64) -> dict:
     """Held-out numbers per task and in all: greedy exact match (notebook 14's chat_reply and judge_reply), the mean
-    reward of `samples` replies sampled at temperature 1 (rollout's reward, the quantity RL raises), and distinct
-    replies among them (diversity)."""
+    reward of `samples` replies sampled at temperature 1 (rollout's reward, the quantity RL raises: pass@1), the
+    share of instructions with at least one right reply among them (pass@samples), and distinct replies among them
+    (diversity)."""
     door.score_policy(examples, samples)
     per_task = {}
     for example in examples:
         _, _, rewards, distinct = rollout(model, tokenizer, [example], samples, generator, max_new_tokens)
         greedy = chat_reply(model, tokenizer, example["instruction"], max_new_tokens)
         for task in (example["task"], "all"):
-            row = per_task.setdefault(task, {"greedy": [], "reward": [], "distinct": []})
+            row = per_task.setdefault(task, {"greedy": [], "reward": [], "pass_at_n": [], "distinct": []})
             row["greedy"].append(float(judge_reply(example, greedy)))
             row["reward"].append(rewards.mean().item())
+            row["pass_at_n"].append(float(rewards.max().item() > 0))
             row["distinct"].append(distinct[0])
     return {task: {name: round(sum(v) / len(v), 4) for name, v in row.items()} for task, row in per_task.items()}
 

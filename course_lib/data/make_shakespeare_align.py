@@ -1,24 +1,32 @@
 """Align notebook 14's chat model in two stages, DPO then GRPO, with rewards a program checks; ship the adapters.
 
-    python course_lib/data/make_shakespeare_align.py --threads 1               # writes shakespeare_dpo/, shakespeare_grpo/
-    python course_lib/data/make_shakespeare_align.py --threads 1 --out /tmp/a  # a rebuild elsewhere, to compare
+    python course_lib/data/make_shakespeare_align.py --workers 3              # writes shakespeare_dpo/, shakespeare_grpo/
+    python course_lib/data/make_shakespeare_align.py --seeds 0 --out /tmp/a   # seed 0 alone, elsewhere, to compare
 
 Stage 0, the start: `load_shakespeare_chat()`, the chat model of notebook 14, scored on its held-out instructions
-(notebook 14's 200: 50 per task from the validation part of the corpus, no line found in the training part).
-Stage 1, DPO: training instructions of the two tasks where the model is sometimes right (speaker, continue) are
-drawn from the training part; `samples` replies to each are sampled from the chat model, and check_reply picks a
-right one (chosen) and a wrong one (rejected). The chat adapter's LoRA matrices keep training against a frozen copy
-of the chat model (the reference). Stage 2, GRPO: from the DPO model, against a frozen copy of it, on new training
-instructions of the same tasks; reward 1 for a reply check_reply accepts, 0 otherwise.
+(notebook 14's 400: 100 per task from the validation part of the corpus, no line found in the training part).
+Stage 1, DPO, on its own task (dpo_tasks): training instructions are drawn from the training part; `dpo_samples`
+replies to each are sampled from the chat model, and judge_reply picks a right one (chosen) and a wrong one
+(rejected). The chat adapter's LoRA matrices keep training against a frozen copy of the chat model (the
+reference). Stage 2, GRPO, on another task (grpo_tasks): from the DPO model, against a frozen copy of it, on
+training instructions of its task; reward 1 for a reply judge_reply accepts, 0 otherwise. Each method gets a
+task of its own, so that what each one moved can be read apart.
 
 A reply cut off at max_new_tokens, before its <|end|>, is never a chosen reply and always earns reward 0.
 
-Every stage is scored the same way (score_policy): greedy exact match, and the mean reward of 8 replies sampled at
-temperature 1, on the 200 held-out instructions, with two sampler seeds (their difference is the noise of the
-measurement). Writes, per stage, adapter.safetensors (the LoRA matrices), card.json and README.md (command, recipe,
-numbers, training history, machine, sha256); shakespeare_dpo/ also holds pairs.json, the preference pairs. Seeded:
-the same command on the same machine and thread count writes the same adapters, pairs and numbers (the cards also
-record wall times, which differ).
+Both stages run once per training seed (--seeds; seed s offsets the seeds of the pair sampler, the batch order,
+and GRPO's sampler and order by s), each seed in its own process of --threads torch threads. While a stage trains,
+it is watched every watch_every steps on every held-out instruction of its task(s): the mean reward of
+watch_samples sampled replies and the KL to its reference. After each stage, score_policy on all held-out
+instructions with one sampler seed (score_seed, the same random numbers for every model): greedy exact match, the
+mean reward of score_samples sampled replies (pass@1), pass@score_samples, and distinct replies. Noise: the larger
+of the range over the training seeds and the widest 95% bootstrap half-width over the held-out instructions.
+The gates of the fine-tuning issue are computed here and written on the cards.
+
+Writes, per stage, adapter.safetensors (seed 0's LoRA matrices), card.json and README.md (command, recipe, numbers
+of every seed, training histories, machine, sha256); shakespeare_dpo/ also holds pairs.json, seed 0's preference
+pairs. Seeded: the same command on the same machine and thread count writes the same adapters, pairs and numbers
+(the cards also record wall times, which differ).
 """
 
 import argparse
@@ -27,14 +35,16 @@ import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, pair_logprobs, policy_copy,
-                                  preference_pairs, sample_group, score_policy, train_dpo)
+from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, policy_copy, preference_pairs,
+                                  sample_group, score_policy, train_dpo)
+from course_lib.data.make_classifier_results import bootstrap_half_width
 from course_lib.data.make_shakespeare_chat import RECIPE as CHAT_RECIPE, SUBSET, instruction_sets
 from course_lib.data.make_shakespeare_gpt import cpu_name, sha256
 from course_lib.finetuning import INSTRUCTION_TASKS, chat_reply, load_shakespeare_chat, lora_state_dict, make_instructions
@@ -42,82 +52,80 @@ from course_lib.training import load_shakespeare
 
 HERE = Path(__file__).resolve().parent
 FOLDERS = {"dpo": "shakespeare_dpo", "grpo": "shakespeare_grpo"}
+SEEDS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
 class AlignRecipe:
     seed: int = 1234
-    tasks: tuple = ("speaker", "continue")  # the tasks where the chat model is sometimes right: a checker's signal
+    dpo_tasks: tuple = ("count",)  # the chat model's sampled replies to it are right about half the time: pairs
+    grpo_tasks: tuple = ("upper",)  # pass@8 far above pass@1: something to sharpen
     max_new_tokens: int = 64  # longest reply sampled (a right answer has at most 52 characters)
     # DPO
-    dpo_per_task: int = 400  # training instructions per task that pairs are sampled for
+    dpo_per_task: int = 1000  # training instructions per task that pairs are sampled for
     dpo_samples: int = 4  # replies sampled per instruction
-    dpo_beta: float = 0.5
-    dpo_lr: float = 1e-4
-    dpo_epochs: int = 3
+    dpo_beta: float = 0.1
+    dpo_lr: float = 3e-4
+    dpo_epochs: int = 2
     dpo_batch_size: int = 16
     # GRPO
-    grpo_per_task: int = 400  # training instructions per task, a new draw
+    grpo_per_task: int = 1000  # training instructions per task, a new draw
     grpo_steps: int = 150
     grpo_prompts_per_step: int = 4
     grpo_group_size: int = 8
     grpo_beta: float = 0.04
     grpo_epsilon: float = 0.2
     grpo_iterations: int = 2
-    grpo_lr: float = 1e-4
+    grpo_lr: float = 3e-4
     grpo_loss_type: str = "grpo"
     grpo_kl_correction: bool = True  # TRL 1.16's default: the k3 term weighted by the ratio
     # watching and scoring
-    watch_every: int = 10  # steps between held-out checks during training
-    watch_prompts: int = 12  # held-out instructions per task whose reward and KL are watched while training
-    watch_samples: int = 4  # replies per watched instruction (the same random numbers at every watch)
-    heldout_pair_samples: int = 8  # replies per held-out instruction for the held-out preference pairs
-    kl_samples: int = 4  # replies per instruction for the KL estimate
-    score_samples: int = 8  # replies per held-out instruction for the sampled reward
-    score_seeds: tuple = (99, 100)  # two sampler seeds: the spread of the held-out reward
+    watch_every: int = 15  # steps between held-out checks during training
+    watch_samples: int = 4  # replies per held-out instruction of the stage's tasks (the same random numbers each time)
+    kl_samples: int = 2  # replies per instruction for the KL estimate
+    score_samples: int = 8  # replies per held-out instruction for the sampled reward and pass@8
+    score_seed: int = 99  # the sampler seed of every score: the same random numbers for every model
 
 
 RECIPE = AlignRecipe()
 
 
-def training_instructions(recipe, per_task, seed):
-    """Instructions of the recipe's tasks from the training part of the corpus (notebook 09's first 90%)."""
+def training_instructions(tasks, per_task, seed):
+    """Instructions of `tasks` from the training part of the corpus (notebook 09's first 90%)."""
     text = load_shakespeare()
-    return [e for e in make_instructions(text[:int(len(text) * 0.9)], per_task, seed) if e["task"] in recipe.tasks]
+    return [e for e in make_instructions(text[:int(len(text) * 0.9)], per_task, seed) if e["task"] in tasks]
 
 
-def scores(model, tokenizer, heldout, recipe):
-    """score_policy with each sampler seed of the recipe: {seed: {task: {greedy, reward, distinct}}}."""
-    return {str(seed): score_policy(model, tokenizer, heldout, recipe.score_samples,
-                                    torch.Generator().manual_seed(seed), recipe.max_new_tokens)
-            for seed in recipe.score_seeds}
+def prompt_scores(model, tokenizer, heldout, recipe):
+    """score_policy of each held-out instruction alone (one sampler for all, seeded score_seed): the per-instruction
+    numbers that a bootstrap resamples."""
+    generator = torch.Generator().manual_seed(recipe.score_seed)
+    return [score_policy(model, tokenizer, [e], recipe.score_samples, generator, recipe.max_new_tokens)[e["task"]]
+            for e in heldout]
 
 
-def watcher(policy, reference, tokenizer, watch_set, watch_pairs, ref_logps, recipe, beta):
-    """What training is watched by: the held-out sampled reward on a few instructions (RL's quantity) and the KL to
-    the reference, both with the same random numbers at every watch; with pairs (DPO), the held-out preference
-    accuracy, margin and chosen log-prob."""
+def summary(per_prompt, heldout):
+    """Per task and in all: the mean of each number over its instructions, and the bootstrap half-width of the
+    sampled reward."""
+    table = {}
+    for task in [*INSTRUCTION_TASKS, "all"]:
+        rows = [row for row, e in zip(per_prompt, heldout) if task in (e["task"], "all")]
+        table[task] = {name: round(sum(r[name] for r in rows) / len(rows), 4) for name in rows[0]}
+        table[task]["reward_bootstrap"] = round(bootstrap_half_width(torch.tensor([r["reward"] for r in rows])), 4)
+    return table
+
+
+def watcher(policy, reference, tokenizer, watch_set, recipe):
+    """What training is watched by: the held-out sampled reward on every held-out instruction of the stage's tasks
+    (RL's quantity) and the KL to the reference, with the same random numbers at every watch."""
 
     def watch():
         generator = torch.Generator().manual_seed(recipe.seed + 7)
-        found = {"heldout_reward": score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator,
-                                                recipe.max_new_tokens)["all"]["reward"],
-                 "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
-                                       recipe.max_new_tokens)}
-        if watch_pairs:
-            with torch.no_grad():
-                chosen, rejected = pair_logprobs(policy, tokenizer, watch_pairs, policy.cfg.context_length)
-            margin = beta * ((chosen - ref_logps[0]) - (rejected - ref_logps[1]))
-            found.update(heldout_pref_accuracy=(margin > 0).float().mean().item(),
-                         heldout_margin=margin.mean().item(), heldout_chosen_logprob=chosen.mean().item())
-        return found
+        return {"heldout_reward": score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator,
+                                               recipe.max_new_tokens)["all"]["reward"],
+                "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
+                                      recipe.max_new_tokens)}
     return watch
-
-
-def replies_of(model, tokenizer, heldout, recipe):
-    firsts = [i for task in INSTRUCTION_TASKS for i in [n for n, e in enumerate(heldout) if e["task"] == task][:SUBSET]]
-    return [{"index": i, "reply": chat_reply(model, tokenizer, heldout[i]["instruction"], recipe.max_new_tokens)}
-            for i in firsts]
 
 
 def samples_of(model, tokenizer, examples, recipe):
@@ -128,35 +136,130 @@ def samples_of(model, tokenizer, examples, recipe):
             for e in examples]
 
 
+def run_seed(seed, recipe, threads):
+    """Both stages under training seed `seed`: histories, per-instruction scores and, for seed 0, what ships."""
+    torch.set_num_threads(threads)
+    heldout = instruction_sets(CHAT_RECIPE)[1]
+    chat, tokenizer = load_shakespeare_chat("cpu")
+    dpo_watch = [e for e in heldout if e["task"] in recipe.dpo_tasks]
+    grpo_watch = [e for e in heldout if e["task"] in recipe.grpo_tasks]
+    shown = grpo_watch[:2] + dpo_watch[:2]
+    result = {"seed": seed}
+
+    # Stage 1: DPO
+    torch.manual_seed(recipe.seed + seed)
+    generator = torch.Generator().manual_seed(recipe.seed + seed)
+    pairs = preference_pairs(chat, tokenizer, training_instructions(recipe.dpo_tasks, recipe.dpo_per_task,
+                                                                     recipe.seed + 2),
+                             recipe.dpo_samples, generator, recipe.max_new_tokens)
+    reference, policy = frozen_copy(chat), policy_copy(chat)  # the chat adapter's LoRA matrices train; nothing else
+    watch = watcher(policy, reference, tokenizer, dpo_watch, recipe)
+    started = time.perf_counter()
+    result["dpo_history"] = [{"step": 0, **watch()}] + train_dpo(
+        policy, reference, tokenizer, pairs, recipe.dpo_beta, recipe.dpo_lr, recipe.dpo_epochs,
+        recipe.dpo_batch_size, recipe.seed + seed, watch, recipe.watch_every)
+    result["dpo_seconds"] = round(time.perf_counter() - started, 1)
+    result["pairs"] = len(pairs)
+    result["after DPO"] = prompt_scores(policy, tokenizer, heldout, recipe)
+    print(f"seed {seed} DPO: {len(pairs)} pairs, {result['dpo_seconds']:.0f} s", flush=True)
+    if seed == 0:
+        result["dpo_state"], result["pairs_list"] = lora_state_dict(policy), pairs
+        result["dpo_samples"] = samples_of(policy, tokenizer, shown, recipe)
+
+    # Stage 2: GRPO, from the DPO model and against it
+    reference, policy = frozen_copy(policy), policy_copy(policy)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=recipe.grpo_lr,
+                                  weight_decay=0.0)
+    prompts = training_instructions(recipe.grpo_tasks, recipe.grpo_per_task, recipe.seed + 3)
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(recipe.seed + 4 + seed)).tolist()
+    watch = watcher(policy, reference, tokenizer, grpo_watch, recipe)
+    history, started = [{"step": 0, **watch()}], time.perf_counter()
+    for step in range(recipe.grpo_steps):
+        batch = [prompts[order[(step * recipe.grpo_prompts_per_step + i) % len(prompts)]]
+                 for i in range(recipe.grpo_prompts_per_step)]
+        record = grpo_step(policy, reference, tokenizer, batch, optimizer, recipe.grpo_group_size, recipe.grpo_beta,
+                           recipe.grpo_epsilon, recipe.grpo_iterations, recipe.grpo_loss_type, generator,
+                           recipe.max_new_tokens, recipe.grpo_kl_correction)
+        history.append({"step": step + 1, **record})
+        if (step + 1) % recipe.watch_every == 0:
+            history[-1].update(watch())
+            print(f"seed {seed} GRPO step {step + 1}: held-out reward {history[-1]['heldout_reward']:.3f}, "
+                  f"KL {history[-1]['kl']:.3f}", flush=True)
+    result["grpo_history"] = history
+    result["grpo_seconds"] = round(time.perf_counter() - started, 1)
+    result["after GRPO"] = prompt_scores(policy, tokenizer, heldout, recipe)
+    if seed == 0:
+        result["grpo_state"] = lora_state_dict(policy)
+        result["grpo_samples"] = samples_of(policy, tokenizer, shown, recipe)
+        firsts = [i for task in INSTRUCTION_TASKS for i in [n for n, e in enumerate(heldout) if e["task"] == task][:SUBSET]]
+        result["heldout_replies"] = [{"index": i, "reply": chat_reply(policy, tokenizer, heldout[i]["instruction"],
+                                                                      recipe.max_new_tokens)} for i in firsts]
+    return result
+
+
+def gates(chat_scores, runs, recipe):
+    """The fine-tuning issue's gates, from the numbers. DPO: on its tasks, the sampled reward after DPO minus the
+    chat model's, at least 3 times the noise (the larger of the range over seeds and the widest bootstrap
+    half-width). GRPO: on its tasks, the start's pass@8 at least twice its pass@1; the mean of the last three watch
+    points minus step 0, at least 3 times the noise (the larger of the range of that rise over seeds and the widest
+    bootstrap half-width of the sampled reward after GRPO)."""
+    found = {"dpo": {}, "grpo": {}}
+    for task in recipe.dpo_tasks:
+        after = [run["after DPO"][task]["reward"] for run in runs]
+        widest = max([chat_scores[task]["reward_bootstrap"]] + [run["after DPO"][task]["reward_bootstrap"] for run in runs])
+        rise = sum(after) / len(after) - chat_scores[task]["reward"]
+        noise = max(max(after) - min(after), widest)
+        found["dpo"][task] = {"before": chat_scores[task]["reward"], "after": after, "rise": round(rise, 4),
+                              "range": round(max(after) - min(after), 4), "bootstrap": widest,
+                              "noise": round(noise, 4), "passed": rise > 0 and rise >= 3 * noise}
+    rises = []
+    for run in runs:
+        watched = [r["heldout_reward"] for r in run["grpo_history"] if "heldout_reward" in r]
+        rises.append(sum(watched[-3:]) / 3 - watched[0])
+    start = [{task: run["after DPO"][task] for task in recipe.grpo_tasks} for run in runs]
+    widest = max(run["after GRPO"][task]["reward_bootstrap"] for run in runs for task in recipe.grpo_tasks)
+    noise = max(max(rises) - min(rises), widest)
+    rise = sum(rises) / len(rises)
+    found["grpo"] = {"pass_at_1": [{t: s[t]["reward"] for t in s} for s in start],
+                     "pass_at_8": [{t: s[t]["pass_at_n"] for t in s} for s in start],
+                     "sharpenable": all(0 < 2 * s[t]["reward"] <= s[t]["pass_at_n"] for s in start for t in s),
+                     "watch_rise": [round(r, 4) for r in rises], "rise": round(rise, 4),
+                     "range": round(max(rises) - min(rises), 4), "bootstrap": widest, "noise": round(noise, 4),
+                     "passed": rise > 0 and rise >= 3 * noise}
+    return found
+
+
 def render_card(card, stage):
     """README.md of one stage, written from its card.json."""
     rows = []
     for name, by_seed in card["scores"].items():
         for task in [*INSTRUCTION_TASKS, "all"]:
-            greedy = by_seed[next(iter(by_seed))][task]["greedy"]
-            rewards = " / ".join(f"{by_seed[s][task]['reward']:.3f}" for s in by_seed)
-            distinct = " / ".join(f"{by_seed[s][task]['distinct']:.2f}" for s in by_seed)
-            rows.append(f"| {name} | {task} | {greedy:.0%} | {rewards} | {distinct} |")
-    what = ("DPO on preference pairs a program judged (pairs.json), against the chat model as reference"
-            if stage == "dpo" else "GRPO with check_reply as the reward, from the DPO model and against it as reference")
+            cells = [by_seed[s][task] for s in by_seed]
+            rows.append(f"| {name} | {task} | " + " | ".join(
+                " / ".join(f"{c[key]:.3f}" if key != "distinct" else f"{c[key]:.2f}" for c in cells)
+                for key in ("greedy", "reward", "pass_at_n", "distinct")) + " |")
+    what = ("DPO on preference pairs a program judged (pairs.json: seed 0's), against the chat model as reference"
+            if stage == "dpo" else "GRPO with judge_reply as the reward, from the DPO model and against it as reference")
+    gate, n = card["gates"][stage], card["recipe"]["score_samples"]
     lines = [f"# {FOLDERS[stage]}: notebook 14's chat model after {what}", "",
-             "`course_lib.alignment.load_aligned(" + repr(stage) + ")` rebuilds it from notebook 14's chat model and "
-             "adapter.safetensors (its LoRA matrices; nothing else trains). Made by:", "", f"    {card['command']}", "",
-             f"Recipe: `{json.dumps(card['recipe'])}`", "",
+             "`course_lib.alignment.load_aligned(" + repr(stage) + ")` rebuilds it (training seed 0) from notebook "
+             "14's chat model and adapter.safetensors (its LoRA matrices; nothing else trains). Made by:", "",
+             f"    {card['command']}", "", f"Recipe: `{json.dumps(card['recipe'])}`", "",
              f"Wall time {card['wall_seconds'] / 60:.1f} min; machine: {card['machine']}", "",
-             "## Held-out scores (notebook 14's 200 instructions; reward and distinct: sampler seeds "
-             f"{' / '.join(next(iter(card['scores'].values())))})", "",
-             "| model | task | greedy exact match | mean reward of 8 samples | distinct replies of 8 |",
-             "|---|---|---|---|---|", *rows, "",
+             "## Gate", "", f"`{json.dumps(gate)}`", "",
+             f"## Held-out scores (notebook 14's {card['heldout']} instructions; sampler seed "
+             f"{card['recipe']['score_seed']}; training seeds {' / '.join(map(str, card['seeds']))})", "",
+             f"| model | task | greedy exact match | mean reward of {n} samples | pass@{n} | distinct replies of {n} |",
+             "|---|---|---|---|---|---|", *rows, "",
              "## Files", "", "| file | sha256 |", "|---|---|",
              *[f"| `{name}` | `{digest}` |" for name, digest in card["sha256"].items()], ""]
     return "\n".join(lines)
 
 
-def write_stage(out, stage, model, card, extra_files=()):
+def write_stage(out, stage, state, card, extra_files=()):
     folder = out / FOLDERS[stage]
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(lora_state_dict(model), folder / "adapter.safetensors", metadata={"format": "pt"})
+    save_file(state, folder / "adapter.safetensors", metadata={"format": "pt"})
     for name, data in extra_files:
         (folder / name).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     card["sha256"] = {name: sha256(folder / name) for name in ["adapter.safetensors", *[n for n, _ in extra_files]]}
@@ -165,82 +268,49 @@ def write_stage(out, stage, model, card, extra_files=()):
 
 
 def main(argv=None, recipe=RECIPE):
-    """Run the recipe (tests pass a small one) and write both folders under --out."""
+    """Run the recipe (tests pass a small one) for every seed and write both folders under --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE, help="the folder to write shakespeare_dpo/ and _grpo/ in")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="training seeds; 0 is shipped")
+    parser.add_argument("--workers", type=int, default=1, help="processes, one seed each at a time")
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    if 0 not in args.seeds:
+        parser.error("--seeds must include 0: its adapters are the ones written")
     started = time.perf_counter()
     command = "python course_lib/data/make_shakespeare_align.py" + "".join(f" {a}" for a in (argv or []))
-    machine = (f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), "
-               f"torch {torch.__version__}, Python {platform.python_version()}")
-    heldout = instruction_sets(CHAT_RECIPE)[1]  # notebook 14's held-out 200
-    watch_set = [e for task in recipe.tasks for e in [x for x in heldout if x["task"] == task][:recipe.watch_prompts]]
-    chat, tokenizer = load_shakespeare_chat("cpu")
-    score = {"chat (notebook 14)": scores(chat, tokenizer, heldout, recipe)}
-    print("chat", json.dumps(score["chat (notebook 14)"][str(recipe.score_seeds[0])]["all"]), flush=True)
-
-    # Stage 1: DPO
-    torch.manual_seed(recipe.seed)
-    generator = torch.Generator().manual_seed(recipe.seed)
-    pairs = preference_pairs(chat, tokenizer, training_instructions(recipe, recipe.dpo_per_task, recipe.seed + 2),
-                             recipe.dpo_samples, generator, recipe.max_new_tokens)
-    heldout_tasks = [e for e in heldout if e["task"] in recipe.tasks]  # every held-out instruction of the tasks
-    watch_pairs = preference_pairs(chat, tokenizer, heldout_tasks, recipe.heldout_pair_samples, generator,
-                                   recipe.max_new_tokens)
-    print(f"{len(pairs)} training pairs, {len(watch_pairs)} held-out pairs, {time.perf_counter() - started:.0f} s",
-          flush=True)
-    reference, policy = frozen_copy(chat), policy_copy(chat)  # the chat adapter's LoRA matrices train; nothing else
-    with torch.no_grad():
-        watch_ref = pair_logprobs(reference, tokenizer, watch_pairs, chat.cfg.context_length)
-    watch = watcher(policy, reference, tokenizer, watch_set, watch_pairs, watch_ref, recipe, recipe.dpo_beta)
-    dpo_started = time.perf_counter()
-    dpo_history = [{"step": 0, **watch()}] + train_dpo(
-        policy, reference, tokenizer, pairs, recipe.dpo_beta, recipe.dpo_lr, recipe.dpo_epochs, recipe.dpo_batch_size,
-        recipe.seed, watch, recipe.watch_every)
-    dpo_seconds = time.perf_counter() - dpo_started
-    score["after DPO"] = scores(policy, tokenizer, heldout, recipe)
-    print("dpo", json.dumps(score["after DPO"][str(recipe.score_seeds[0])]["all"]), flush=True)
-    dpo_card = {"command": command, "recipe": asdict(recipe), "stage": "dpo", "pairs": len(pairs),
-                "scores": dict(score), "history": dpo_history, "train_seconds": round(dpo_seconds, 1),
-                "heldout_replies": replies_of(policy, tokenizer, heldout, recipe),
-                "wall_seconds": round(time.perf_counter() - started, 1), "machine": machine}
-    write_stage(args.out, "dpo", policy, dpo_card, [("pairs.json", pairs)])
-
-    # Stage 2: GRPO, from the DPO model and against it
-    reference, policy = frozen_copy(policy), policy_copy(policy)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=recipe.grpo_lr,
-                                  weight_decay=0.0)
-    prompts = training_instructions(recipe, recipe.grpo_per_task, recipe.seed + 3)
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(recipe.seed + 4)).tolist()
-    watch = watcher(policy, reference, tokenizer, watch_set, None, None, recipe, None)
-    before_samples = samples_of(policy, tokenizer, watch_set[:2] + watch_set[recipe.watch_prompts:][:2], recipe)
-    grpo_history, grpo_started = [{"step": 0, **watch()}], time.perf_counter()
-    for step in range(recipe.grpo_steps):
-        batch = [prompts[order[(step * recipe.grpo_prompts_per_step + i) % len(prompts)]]
-                 for i in range(recipe.grpo_prompts_per_step)]
-        record = grpo_step(policy, reference, tokenizer, batch, optimizer, recipe.grpo_group_size, recipe.grpo_beta,
-                           recipe.grpo_epsilon, recipe.grpo_iterations, recipe.grpo_loss_type, generator,
-                           recipe.max_new_tokens, recipe.grpo_kl_correction)
-        grpo_history.append({"step": step + 1, **record})
-        if (step + 1) % recipe.watch_every == 0:
-            grpo_history[-1].update(watch())
-            print(f"grpo step {step + 1}: {json.dumps(grpo_history[-1])} {time.perf_counter() - started:.0f} s",
-                  flush=True)
-    grpo_seconds = time.perf_counter() - grpo_started
-    score["after GRPO"] = scores(policy, tokenizer, heldout, recipe)
-    print("grpo", json.dumps(score["after GRPO"][str(recipe.score_seeds[0])]["all"]), flush=True)
-    grpo_card = {"command": command, "recipe": asdict(recipe), "stage": "grpo", "scores": score,
-                 "history": grpo_history, "train_seconds": round(grpo_seconds, 1),
-                 "samples": {"before": before_samples,
-                             "after": samples_of(policy, tokenizer, watch_set[:2] + watch_set[recipe.watch_prompts:][:2],
-                                                 recipe)},
-                 "heldout_replies": replies_of(policy, tokenizer, heldout, recipe),
-                 "wall_seconds": round(time.perf_counter() - started, 1), "machine": machine}
-    write_stage(args.out, "grpo", policy, grpo_card)
-    print(f"wrote {args.out}: {time.perf_counter() - started:.0f} s")
+    machine = (f"{cpu_name()}, {os.cpu_count()} cores, {args.workers} process(es) of {args.threads} torch "
+               f"thread(s), torch {torch.__version__}, Python {platform.python_version()}")
+    heldout = instruction_sets(CHAT_RECIPE)[1]  # notebook 14's held-out 400
+    with ProcessPoolExecutor(args.workers) as pool:
+        jobs = [pool.submit(run_seed, seed, recipe, args.threads) for seed in args.seeds]
+        torch.set_num_threads(args.threads)
+        chat, tokenizer = load_shakespeare_chat("cpu")
+        chat_scores = summary(prompt_scores(chat, tokenizer, heldout, recipe), heldout)
+        print("chat", json.dumps(chat_scores["all"]), flush=True)
+        runs = [job.result() for job in jobs]
+    for run in runs:
+        for stage in ("after DPO", "after GRPO"):
+            run[stage] = summary(run[stage], heldout)
+    first = runs[args.seeds.index(0)]
+    found = gates(chat_scores, runs, recipe)
+    scores = {"chat (notebook 14)": {"all seeds": chat_scores},
+              **{stage: {str(run["seed"]): run[stage] for run in runs} for stage in ("after DPO", "after GRPO")}}
+    common = {"command": command, "recipe": asdict(recipe), "seeds": [run["seed"] for run in runs],
+              "heldout": len(heldout), "gates": found, "machine": machine}
+    dpo_card = {**common, "stage": "dpo", "pairs": {str(run["seed"]): run["pairs"] for run in runs},
+                "scores": {name: scores[name] for name in ("chat (notebook 14)", "after DPO")},
+                "history": {str(run["seed"]): run["dpo_history"] for run in runs},
+                "train_seconds": {str(run["seed"]): run["dpo_seconds"] for run in runs},
+                "samples": first["dpo_samples"], "wall_seconds": round(time.perf_counter() - started, 1)}
+    write_stage(args.out, "dpo", first["dpo_state"], dpo_card, [("pairs.json", first["pairs_list"])])
+    grpo_card = {**common, "stage": "grpo", "scores": scores,
+                 "history": {str(run["seed"]): run["grpo_history"] for run in runs},
+                 "train_seconds": {str(run["seed"]): run["grpo_seconds"] for run in runs},
+                 "samples": {"before": first["dpo_samples"], "after": first["grpo_samples"]},
+                 "heldout_replies": first["heldout_replies"], "wall_seconds": round(time.perf_counter() - started, 1)}
+    write_stage(args.out, "grpo", first["grpo_state"], grpo_card)
+    print(f"wrote {args.out}: {json.dumps(found)}")
 
 
 if __name__ == "__main__":
