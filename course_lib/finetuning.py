@@ -640,6 +640,7 @@ def _runs(items: list[str], sep: str) -> set[str]:
 
 def copyable(example: dict) -> bool:
     """Whether some span of the instruction (prompt_spans) is an answer judge_reply accepts: the copy baseline."""
+    door.copyable(example)  # a dict with its instruction; judge_reply's door checks the task and the response
     return any(judge_reply(example, span) for span in prompt_spans(example["instruction"]))
 
 # %% ../notebooks/14_finetuning.ipynb #generate-replies

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from course_lib.config import GPTConfig
-from course_lib.finetuning import (CHAT_TOKENS, IGNORE_INDEX, SHAKESPEARE_CHAT_DIR, ChatTokenizer, apply_lora,
-                                   chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, format_chat,
-                                   generate_replies, grow_vocabulary, judge_reply, load_shakespeare_chat,
-                                   make_instructions, train_new_rows)
+from course_lib.finetuning import (CHAT_TOKENS, IGNORE_INDEX, INSTRUCTION_TASKS, NUMBER_WORDS, SHAKESPEARE_CHAT_DIR,
+                                   ChatTokenizer, apply_lora, chat_batch, chat_loop, chat_loss, chat_reply,
+                                   chat_state_dict, copyable, format_chat, generate_replies, grow_vocabulary,
+                                   judge_reply, load_shakespeare_chat, make_instructions, prompt_spans,
+                                   train_new_rows)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt, save_gpt2
 from course_lib.tokenization import CharTokenizer
@@ -206,18 +207,34 @@ def test_held_out_instructions_come_from_unseen_text_and_are_checkable():
     text = load_shakespeare()
     split = int(len(text) * 0.9)
     heldout = make_instructions(text[split:], 20, 7, exclude=text[:split])
-    assert [e["task"] for e in heldout[::20]] == ["speaker", "upper", "last_word", "continue"]
+    assert [e["task"] for e in heldout[::20]] == ["upper", "last_word", "count", "continue"]
     for e in heldout:
         line = e["instruction"].split("\n")[-1] if e["task"] != "continue" else e["response"].split("\n")[1]
         assert line not in text[:split] and line in text[split:]
         assert judge_reply(e, e["response"])
         assert e["task"] == "continue" or not judge_reply(e, e["response"] + "!"), "exact match, not a prefix"
+        assert not copyable(e), "no answer stands in its instruction"
     assert make_instructions(text[split:], 20, 7, exclude=text[:split]) == heldout, "seeded"
     upper = next(e for e in heldout if e["task"] == "upper")
     assert upper["response"] == upper["instruction"].removeprefix("Upper case:\n").upper()
+    count = next(e for e in heldout if e["task"] == "count")
+    assert NUMBER_WORDS.index(count["response"]) == len(count["instruction"].split("\n")[1].split())
     speak = next(e for e in heldout if e["task"] == "continue")
     who = speak["response"].split(":")[0]
     assert judge_reply(speak, f"{who}:\nAnything at all.") and not judge_reply(speak, "Anything at all.")
+
+
+def test_the_copy_baseline_finds_an_answer_that_stands_in_the_prompt():
+    """copyable must say yes when some span is the answer (a task that copies), and no when none is."""
+    asked = {"task": "last_word", "instruction": "Last word, in capitals:\nCry HAVOC", "response": "HAVOC"}
+    assert copyable(asked), "the last word already in capitals is a span"
+    assert not copyable({**asked, "instruction": "Last word, in capitals:\nCry havoc", "response": "HAVOC"})
+    counted = {"task": "count", "instruction": "How many words?\nO, three words!", "response": "three"}
+    assert copyable(counted), "a word stripped of its punctuation is a span"
+    assert not copyable({**counted, "instruction": "How many words?\nThree words here"}), "a copy keeps the case"
+    assert "O Rome" in prompt_spans("Upper case:\nO Rome, farewell!") and "Rome, farewell!" in prompt_spans(
+        "Upper case:\nO Rome, farewell!")
+    assert "Upper case:\nO Rome" in prompt_spans("Upper case:\nO Rome")  # runs of whole lines
 
 
 # ------------------------------------------------------------------ the shipped adapter
@@ -232,13 +249,19 @@ def test_the_shipped_files_match_their_card_and_stay_small(card):
     for name, digest in card["sha256"].items():
         assert hashlib.sha256((SHAKESPEARE_CHAT_DIR / name).read_bytes()).hexdigest() == digest, name
     assert (SHAKESPEARE_CHAT_DIR / "README.md").read_text(encoding="utf-8") == script.render_card(card)
-    assert sum(f.stat().st_size for f in SHAKESPEARE_CHAT_DIR.iterdir()) < 1_000_000, "an adapter, not a model"
+    assert sum(f.stat().st_size for f in SHAKESPEARE_CHAT_DIR.iterdir()) < 3_000_000, "an adapter, not a model"
     assert card["config"]["train_config"] == {**vars(script.RECIPE.train_config)}
     train, heldout = script.instruction_sets(script.RECIPE)
     assert card["instructions"] == {"train": len(train), "heldout": len(heldout), "heldout_sha256":
                                     hashlib.sha256(json.dumps(heldout).encode()).hexdigest()}
-    acc = card["exact_match"]
-    assert acc["fine_tuned"]["all"] > acc["base_plain"]["all"] + 0.3, "fine-tuning must help"
+    base, noise = card["baselines"]["exact_match"], card["noise"]
+    for task in INSTRUCTION_TASKS:  # the issue's gate: no copying, at least 60% after fine-tuning
+        runs = [run["exact_match"][task] for run in card["seeds"]]
+        assert base["copy"][task] <= 0.2 and noise[task]["mean"] == pytest.approx(sum(runs) / len(runs))
+        assert noise[task]["noise"] == max(max(runs) - min(runs), max(r["bootstrap"][task] for r in card["seeds"]))
+    assert [run["seed"] for run in card["seeds"]] == [0, 1, 2]
+    right = [judge_reply(e, r) for e, r in zip(heldout, card["fine_tuned_replies"], strict=True)]
+    assert sum(right) / len(right) == pytest.approx(card["seeds"][0]["exact_match"]["all"])
 
 
 def test_the_shipped_chat_model_gives_the_replies_on_its_card(card):
@@ -251,6 +274,7 @@ def test_the_shipped_chat_model_gives_the_replies_on_its_card(card):
     assert chat_reply(model, tokenizer, sample["instruction"]) == sample["reply"]
     state = chat_state_dict(model, 65)
     assert state["out_head.new_rows"].shape == (3, 256) and len(state) == 2 + 2 * 6 * 4
+    assert state["trf_blocks.0.att.W_query.lora_A"].shape[0] == card["config"]["r"]
 
 
 def test_a_short_run_of_the_script_rebuilds_bit_for_bit(tmp_path, monkeypatch):
@@ -264,7 +288,9 @@ def test_a_short_run_of_the_script_rebuilds_bit_for_bit(tmp_path, monkeypatch):
         monkeypatch.setattr(script, "RECIPE", tiny)
         monkeypatch.setattr(script, "SAMPLES", script.SAMPLES[:1])
         monkeypatch.setattr(script, "plain_reply", lambda *args, **kwargs: "")  # the base model's replies are slow
-        script.main(["--out", str(tmp_path / run)])
+        monkeypatch.setattr(script, "validation_ids",  # and so is the whole validation part: its last 2,000 characters
+                            lambda char_tokenizer: torch.tensor(char_tokenizer.encode(load_shakespeare()[-2000:])))
+        script.main(["--seeds", "0", "--out", str(tmp_path / run)], recipe=tiny)
         digests.append(json.loads((tmp_path / run / "card.json").read_text())["sha256"])
     assert digests[0] == digests[1]
 
@@ -298,7 +324,7 @@ def test_doors_name_the_argument(grown):
         chat_reply(base, tokenizer, "Hi")
     with pytest.raises(ValueError, match="instruction takes 202 tokens"):
         chat_reply(model, tokenizer, "a" * 200)
-    with pytest.raises(ValueError, match="text has 0 usable lines for task 'speaker'"):
+    with pytest.raises(ValueError, match="text has 0 usable lines for task 'upper'"):
         make_instructions("ROMEO:\nHi.\n", 1, 0)
     with pytest.raises(ValueError, match="example must have a 'task'"):
         judge_reply({"task": "poetry", "response": "x"}, "x")

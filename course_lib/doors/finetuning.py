@@ -492,6 +492,13 @@ def prompt_spans(instruction) -> None:
     require_type("instruction", instruction, str, "pass the instruction's text, example['instruction']")
 
 
+def copyable(example) -> None:
+    """copyable: one instruction of make_instructions, with its instruction text (judge_reply checks the rest)."""
+    require_type("example", example, dict, "pass one dict that make_instructions returned")
+    if not isinstance(example.get("instruction"), str):
+        raise ValueError(f"example must have an 'instruction' (a str), got {sorted(example)}")
+
+
 def judge_reply(example, reply) -> None:
     """judge_reply: one instruction of make_instructions (a dict with a known task and a response) and a str."""
     from ..finetuning import INSTRUCTION_TASKS  # this lesson's own constant, as above
