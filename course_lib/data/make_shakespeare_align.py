@@ -42,8 +42,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, policy_copy, preference_pairs,
-                                  sample_group, score_policy, train_dpo)
+from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, pair_logprobs, policy_copy,
+                                  preference_pairs, sample_group, score_policy, train_dpo)
 from course_lib.data.make_classifier_results import bootstrap_half_width
 from course_lib.data.make_shakespeare_chat import RECIPE as CHAT_RECIPE, SUBSET, instruction_sets
 from course_lib.data.make_shakespeare_gpt import cpu_name, sha256
@@ -83,6 +83,7 @@ class AlignRecipe:
     watch_every: int = 15  # steps between held-out checks during training
     watch_samples: int = 4  # replies per held-out instruction of the stage's tasks (the same random numbers each time)
     kl_samples: int = 2  # replies per instruction for the KL estimate
+    heldout_pair_samples: int = 8  # replies per held-out instruction of DPO's tasks, for the held-out pairs
     score_samples: int = 8  # replies per held-out instruction for the sampled reward and pass@8
     score_seed: int = 99  # the sampler seed of every score: the same random numbers for every model
 
@@ -115,16 +116,28 @@ def summary(per_prompt, heldout):
     return table
 
 
-def watcher(policy, reference, tokenizer, watch_set, recipe):
+def watcher(policy, reference, tokenizer, watch_set, recipe, watch_pairs=None, beta=None):
     """What training is watched by: the held-out sampled reward on every held-out instruction of the stage's tasks
-    (RL's quantity) and the KL to the reference, with the same random numbers at every watch."""
+    (RL's quantity) and the KL to the reference, with the same random numbers at every watch; with held-out pairs
+    (DPO), their preference accuracy, margin, and the mean log-ratios of the chosen and of the rejected replies."""
+    if watch_pairs:
+        with torch.no_grad():
+            ref_chosen, ref_rejected = pair_logprobs(reference, tokenizer, watch_pairs, policy.cfg.context_length)
 
     def watch():
         generator = torch.Generator().manual_seed(recipe.seed + 7)
-        return {"heldout_reward": score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator,
-                                               recipe.max_new_tokens)["all"]["reward"],
-                "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
-                                      recipe.max_new_tokens)}
+        found = {"heldout_reward": score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator,
+                                                recipe.max_new_tokens)["all"]["reward"],
+                 "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
+                                       recipe.max_new_tokens)}
+        if watch_pairs:
+            with torch.no_grad():
+                chosen, rejected = pair_logprobs(policy, tokenizer, watch_pairs, policy.cfg.context_length)
+            chosen, rejected = chosen - ref_chosen, rejected - ref_rejected  # log-ratios to the reference
+            found.update(heldout_pref_accuracy=(chosen > rejected).float().mean().item(),
+                         heldout_margin=beta * (chosen - rejected).mean().item(),
+                         heldout_chosen_logratio=chosen.mean().item(), heldout_rejected_logratio=rejected.mean().item())
+        return found
     return watch
 
 
@@ -152,14 +165,16 @@ def run_seed(seed, recipe, threads):
     pairs = preference_pairs(chat, tokenizer, training_instructions(recipe.dpo_tasks, recipe.dpo_per_task,
                                                                      recipe.seed + 2),
                              recipe.dpo_samples, generator, recipe.max_new_tokens)
+    watch_pairs = preference_pairs(chat, tokenizer, dpo_watch, recipe.heldout_pair_samples, generator,
+                                   recipe.max_new_tokens)
     reference, policy = frozen_copy(chat), policy_copy(chat)  # the chat adapter's LoRA matrices train; nothing else
-    watch = watcher(policy, reference, tokenizer, dpo_watch, recipe)
+    watch = watcher(policy, reference, tokenizer, dpo_watch, recipe, watch_pairs, recipe.dpo_beta)
     started = time.perf_counter()
     result["dpo_history"] = [{"step": 0, **watch()}] + train_dpo(
         policy, reference, tokenizer, pairs, recipe.dpo_beta, recipe.dpo_lr, recipe.dpo_epochs,
         recipe.dpo_batch_size, recipe.seed + seed, watch, recipe.watch_every)
     result["dpo_seconds"] = round(time.perf_counter() - started, 1)
-    result["pairs"] = len(pairs)
+    result["pairs"], result["heldout_pairs"] = len(pairs), len(watch_pairs)
     result["after DPO"] = prompt_scores(policy, tokenizer, heldout, recipe)
     print(f"seed {seed} DPO: {len(pairs)} pairs, {result['dpo_seconds']:.0f} s", flush=True)
     if seed == 0:
@@ -299,6 +314,7 @@ def main(argv=None, recipe=RECIPE):
     common = {"command": command, "recipe": asdict(recipe), "seeds": [run["seed"] for run in runs],
               "heldout": len(heldout), "gates": found, "machine": machine}
     dpo_card = {**common, "stage": "dpo", "pairs": {str(run["seed"]): run["pairs"] for run in runs},
+                "heldout_pairs": {str(run["seed"]): run["heldout_pairs"] for run in runs},
                 "scores": {name: scores[name] for name in ("chat (notebook 14)", "after DPO")},
                 "history": {str(run["seed"]): run["dpo_history"] for run in runs},
                 "train_seconds": {str(run["seed"]): run["dpo_seconds"] for run in runs},
