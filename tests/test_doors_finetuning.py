@@ -18,11 +18,13 @@ from course_lib.config import GPTConfig
 from course_lib.doors import finetuning as door
 from course_lib.finetuning import (
     CHAT_TOKENS, IGNORE_INDEX, BagOfChars, ChatTokenizer, ClassifierGPT, LoRALinear, Passages, accuracy, apply_lora,
-    chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, copyable, encode_passages, find_lora_targets, format_chat,
+    chat_batch, chat_loop, chat_loss, chat_reply, chat_state_dict, copyable, encode_passages, find_lora_targets,
+    format_chat,
     fit_logistic, generate_replies, grow_vocabulary, judge_reply, last_states, last_word, line_words,
     load_lora_state_dict,
     load_shakespeare_chat, lora_layers, lora_state_dict, make_instructions, merge_lora, order_lines, order_passages,
-    play_passages, play_speeches, prompt_spans, shuffle_words, speeches, stratified_split, train_classifier, train_new_rows,
+    play_passages, play_speeches, prompt_spans, shuffle_words, speeches, stratified_split, train_classifier,
+    train_new_rows,
     unmerge_lora, word_frequencies,
 )
 from course_lib.model import GPTModel

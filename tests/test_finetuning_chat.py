@@ -19,7 +19,6 @@ from course_lib.finetuning import (CHAT_TOKENS, IGNORE_INDEX, INSTRUCTION_TASKS,
                                    train_new_rows)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt, save_gpt2
-from course_lib.tokenization import CharTokenizer
 from course_lib.training import TrainConfig, load_shakespeare
 
 PAIRS = [("Upper case:\nGood morrow, father.", "GOOD MORROW, FATHER."), ("Last word:\nIs it near day?", "day"),
@@ -157,7 +156,8 @@ def test_the_masked_loss_equals_trls_completion_only_loss_on_the_same_batch(grow
 # ------------------------------------------------------------------ replies and the chat loop
 def test_chat_reply_and_the_loop_stop_at_the_end_token(grown, monkeypatch):
     model, tokenizer = grown
-    said = tokenizer.encode("ab")  # a scripted generate: "ab", <|end|>, then "ccc" that must not be shown + [tokenizer.end_id] + tokenizer.encode("ccc")
+    # a scripted generate: "ab", <|end|>, then "ccc" that must not be shown
+    said = tokenizer.encode("ab") + [tokenizer.end_id] + tokenizer.encode("ccc")
     calls = []
 
     def scripted(model_, token_ids, max_new_tokens, **kwargs):

@@ -1,6 +1,6 @@
 """Align notebook 14's chat model in two stages, DPO then GRPO, with rewards a program checks; ship the adapters.
 
-    python course_lib/data/make_shakespeare_align.py --workers 3              # writes shakespeare_dpo/, shakespeare_grpo/
+    python course_lib/data/make_shakespeare_align.py --workers 3             # writes shakespeare_dpo/ and _grpo/
     python course_lib/data/make_shakespeare_align.py --seeds 0 --out /tmp/a   # seed 0 alone, elsewhere, to compare
 
 Stage 0, the start: `load_shakespeare_chat()`, the chat model of notebook 14, scored on its held-out instructions
@@ -47,7 +47,8 @@ from course_lib.alignment import (frozen_copy, grpo_step, kl_to_reference, pair_
 from course_lib.data.make_classifier_results import bootstrap_half_width
 from course_lib.data.make_shakespeare_chat import RECIPE as CHAT_RECIPE, SUBSET, instruction_sets
 from course_lib.data.make_shakespeare_gpt import cpu_name, sha256
-from course_lib.finetuning import INSTRUCTION_TASKS, chat_reply, load_shakespeare_chat, lora_state_dict, make_instructions
+from course_lib.finetuning import (INSTRUCTION_TASKS, chat_reply, load_shakespeare_chat, lora_state_dict,
+                                   make_instructions)
 from course_lib.training import load_shakespeare
 
 HERE = Path(__file__).resolve().parent
@@ -126,8 +127,9 @@ def watcher(policy, reference, tokenizer, watch_set, recipe, watch_pairs=None, b
 
     def watch():
         generator = torch.Generator().manual_seed(recipe.seed + 7)
-        found = {"heldout_reward": score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator,
-                                                recipe.max_new_tokens)["all"]["reward"],
+        scored = score_policy(policy, tokenizer, watch_set, recipe.watch_samples, generator, recipe.max_new_tokens)
+        found = {"heldout_reward": scored["all"]["reward"],
+                 **{f"heldout_reward_{task}": row["reward"] for task, row in scored.items() if task != "all"},
                  "kl": kl_to_reference(policy, reference, tokenizer, watch_set, recipe.kl_samples, generator,
                                        recipe.max_new_tokens)}
         if watch_pairs:
@@ -206,7 +208,8 @@ def run_seed(seed, recipe, threads):
     if seed == 0:
         result["grpo_state"] = lora_state_dict(policy)
         result["grpo_samples"] = samples_of(policy, tokenizer, shown, recipe)
-        firsts = [i for task in INSTRUCTION_TASKS for i in [n for n, e in enumerate(heldout) if e["task"] == task][:SUBSET]]
+        firsts = [i for task in INSTRUCTION_TASKS
+                  for i in [n for n, e in enumerate(heldout) if e["task"] == task][:SUBSET]]
         result["heldout_replies"] = [{"index": i, "reply": chat_reply(policy, tokenizer, heldout[i]["instruction"],
                                                                       recipe.max_new_tokens)} for i in firsts]
     return result
@@ -215,32 +218,33 @@ def run_seed(seed, recipe, threads):
 def gates(chat_scores, runs, recipe):
     """The fine-tuning issue's gates, from the numbers. DPO: on its tasks, the sampled reward after DPO minus the
     chat model's, at least 3 times the noise (the larger of the range over seeds and the widest bootstrap
-    half-width). GRPO: on its tasks, the start's pass@8 at least twice its pass@1; the mean of the last three watch
-    points minus step 0, at least 3 times the noise (the larger of the range of that rise over seeds and the widest
-    bootstrap half-width of the sampled reward after GRPO)."""
+    half-width). GRPO, per task: the start's (the DPO model's) pass@8 at least twice its pass@1; the mean of the
+    last three watch points minus step 0, at least 3 times the noise (the larger of the range of that rise over
+    seeds and the widest bootstrap half-width of the sampled reward after GRPO)."""
     found = {"dpo": {}, "grpo": {}}
     for task in recipe.dpo_tasks:
         after = [run["after DPO"][task]["reward"] for run in runs]
-        widest = max([chat_scores[task]["reward_bootstrap"]] + [run["after DPO"][task]["reward_bootstrap"] for run in runs])
+        widest = max([chat_scores[task]["reward_bootstrap"]] +
+                     [run["after DPO"][task]["reward_bootstrap"] for run in runs])
         rise = sum(after) / len(after) - chat_scores[task]["reward"]
         noise = max(max(after) - min(after), widest)
         found["dpo"][task] = {"before": chat_scores[task]["reward"], "after": after, "rise": round(rise, 4),
                               "range": round(max(after) - min(after), 4), "bootstrap": widest,
                               "noise": round(noise, 4), "passed": rise > 0 and rise >= 3 * noise}
-    rises = []
-    for run in runs:
-        watched = [r["heldout_reward"] for r in run["grpo_history"] if "heldout_reward" in r]
-        rises.append(sum(watched[-3:]) / 3 - watched[0])
-    start = [{task: run["after DPO"][task] for task in recipe.grpo_tasks} for run in runs]
-    widest = max(run["after GRPO"][task]["reward_bootstrap"] for run in runs for task in recipe.grpo_tasks)
-    noise = max(max(rises) - min(rises), widest)
-    rise = sum(rises) / len(rises)
-    found["grpo"] = {"pass_at_1": [{t: s[t]["reward"] for t in s} for s in start],
-                     "pass_at_8": [{t: s[t]["pass_at_n"] for t in s} for s in start],
-                     "sharpenable": all(0 < 2 * s[t]["reward"] <= s[t]["pass_at_n"] for s in start for t in s),
-                     "watch_rise": [round(r, 4) for r in rises], "rise": round(rise, 4),
-                     "range": round(max(rises) - min(rises), 4), "bootstrap": widest, "noise": round(noise, 4),
-                     "passed": rise > 0 and rise >= 3 * noise}
+    for task in recipe.grpo_tasks:
+        rises = []
+        for run in runs:
+            watched = [r[f"heldout_reward_{task}"] for r in run["grpo_history"] if "kl" in r]
+            rises.append(sum(watched[-3:]) / 3 - watched[0])
+        start = [run["after DPO"][task] for run in runs]  # where GRPO starts: the DPO model, each seed's
+        widest = max(run["after GRPO"][task]["reward_bootstrap"] for run in runs)
+        noise, rise = max(max(rises) - min(rises), widest), sum(rises) / len(rises)
+        found["grpo"][task] = {"pass_at_1": [s["reward"] for s in start],
+                               "pass_at_n": [s["pass_at_n"] for s in start],
+                               "sharpenable": all(0 < 2 * s["reward"] <= s["pass_at_n"] for s in start),
+                               "watch_rise": [round(r, 4) for r in rises], "rise": round(rise, 4),
+                               "range": round(max(rises) - min(rises), 4), "bootstrap": widest,
+                               "noise": round(noise, 4), "passed": rise > 0 and rise >= 3 * noise}
     return found
 
 
@@ -254,7 +258,8 @@ def render_card(card, stage):
                 " / ".join(f"{c[key]:.3f}" if key != "distinct" else f"{c[key]:.2f}" for c in cells)
                 for key in ("greedy", "reward", "pass_at_n", "distinct")) + " |")
     what = ("DPO on preference pairs a program judged (pairs.json: seed 0's), against the chat model as reference"
-            if stage == "dpo" else "GRPO with judge_reply as the reward, from the DPO model and against it as reference")
+            if stage == "dpo" else
+            "GRPO with judge_reply as the reward, from the DPO model and against it as reference")
     gate, n = card["gates"][stage], card["recipe"]["score_samples"]
     lines = [f"# {FOLDERS[stage]}: notebook 14's chat model after {what}", "",
              "`course_lib.alignment.load_aligned(" + repr(stage) + ")` rebuilds it (training seed 0) from notebook "

@@ -226,7 +226,8 @@ def render_card(card):
     seeds = card["seeds"]
     rows = [f"| {task} | {base['copy'][task]:.0%} | {base['most_common'][task]:.0%} | {base['base_plain'][task]:.0%} | "
             f"{base['grown_chat'][task]:.0%} | " + " / ".join(f"{run['exact_match'][task]:.0%}" for run in seeds) +
-            f" | {card['noise'][task]['mean']:.1%} +- {card['noise'][task]['noise']:.1%} |" for task in INSTRUCTION_TASKS]
+            f" | {card['noise'][task]['mean']:.1%} +- {card['noise'][task]['noise']:.1%} |"
+            for task in INSTRUCTION_TASKS]
     losses = " / ".join(f"{run['shakespeare_val_loss']:.4f}" for run in seeds)
     lines = [
         f"# {FOLDER}: the Shakespeare model, fine-tuned to follow instructions", "",
@@ -243,8 +244,8 @@ def render_card(card):
         (f"| training | {tcfg['total_steps']:,} AdamW steps of {tcfg['batch_size']} instructions, learning rate "
          f"{tcfg['max_lr']:g} (warmup {tcfg['warmup_steps']}) cosine to {tcfg['min_lr']:g}; training seeds "
          f"{', '.join(str(run['seed']) for run in seeds)} |"),
-        f"| wall time | {' / '.join(str(round(run['train_seconds'] / 60, 1)) for run in seeds)} min of training steps per "
-        f"seed, {card['wall_seconds'] / 60:.1f} min in all |",
+        f"| wall time | {' / '.join(str(round(run['train_seconds'] / 60, 1)) for run in seeds)} min of training "
+        f"steps per seed, {card['wall_seconds'] / 60:.1f} min in all |",
         f"| machine | {card['machine']} |", "",
         "## Held-out exact match (continue: the speaker's heading and one line)", "",
         "Noise: the larger of the range over the seeds and the widest 95% bootstrap half-width.", "",
