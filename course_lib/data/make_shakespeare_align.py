@@ -160,6 +160,8 @@ def run_seed(seed, recipe, threads):
     grpo_watch = [e for e in heldout if e["task"] in recipe.grpo_tasks]
     shown = grpo_watch[:2] + dpo_watch[:2]
     result = {"seed": seed}
+    if seed == 0:
+        result["chat_samples"] = samples_of(chat, tokenizer, shown, recipe)
 
     # Stage 1: DPO
     torch.manual_seed(recipe.seed + seed)
@@ -323,7 +325,8 @@ def main(argv=None, recipe=RECIPE):
                 "scores": {name: scores[name] for name in ("chat (notebook 14)", "after DPO")},
                 "history": {str(run["seed"]): run["dpo_history"] for run in runs},
                 "train_seconds": {str(run["seed"]): run["dpo_seconds"] for run in runs},
-                "samples": first["dpo_samples"], "wall_seconds": round(time.perf_counter() - started, 1)}
+                "samples": {"before": first["chat_samples"], "after": first["dpo_samples"]},
+                "wall_seconds": round(time.perf_counter() - started, 1)}
     write_stage(args.out, "dpo", first["dpo_state"], dpo_card, [("pairs.json", first["pairs_list"])])
     grpo_card = {**common, "stage": "grpo", "scores": scores,
                  "history": {str(run["seed"]): run["grpo_history"] for run in runs},
