@@ -2,6 +2,7 @@
 
     python course_lib/data/make_shakespeare_align.py --workers 3             # writes shakespeare_dpo/ and _grpo/
     python course_lib/data/make_shakespeare_align.py --seeds 0 --out /tmp/a   # seed 0 alone, elsewhere, to compare
+    python course_lib/data/make_shakespeare_align.py --small --seeds 0 --out /tmp/s  # about 5 minutes on a laptop
 
 Stage 0, the start: `load_shakespeare_chat()`, the chat model of notebook 14, scored on its held-out instructions
 (notebook 14's 400: 100 per task from the validation part of the corpus, no line found in the training part).
@@ -36,7 +37,7 @@ import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -87,9 +88,21 @@ class AlignRecipe:
     heldout_pair_samples: int = 8  # replies per held-out instruction of DPO's tasks, for the held-out pairs
     score_samples: int = 8  # replies per held-out instruction for the sampled reward and pass@8
     score_seed: int = 99  # the sampler seed of every score: the same random numbers for every model
+    heldout_per_task: int | None = None  # the first n held-out instructions of each task; None: all of them
 
 
 RECIPE = AlignRecipe()
+SMALL = replace(RECIPE, dpo_per_task=150, dpo_epochs=1, grpo_per_task=100, grpo_steps=20, watch_every=5,
+                heldout_per_task=25)  # --small: the same direction in about 5 minutes on a laptop
+
+
+def heldout_set(recipe):
+    """Notebook 14's held-out instructions, or the first heldout_per_task of each task."""
+    heldout = instruction_sets(CHAT_RECIPE)[1]
+    if recipe.heldout_per_task is None:
+        return heldout
+    return [e for task in INSTRUCTION_TASKS
+            for e in [x for x in heldout if x["task"] == task][:recipe.heldout_per_task]]
 
 
 def training_instructions(tasks, per_task, seed):
@@ -154,7 +167,7 @@ def samples_of(model, tokenizer, examples, recipe):
 def run_seed(seed, recipe, threads):
     """Both stages under training seed `seed`: histories, per-instruction scores and, for seed 0, what ships."""
     torch.set_num_threads(threads)
-    heldout = instruction_sets(CHAT_RECIPE)[1]
+    heldout = heldout_set(recipe)
     chat, tokenizer = load_shakespeare_chat("cpu")
     dpo_watch = [e for e in heldout if e["task"] in recipe.dpo_tasks]
     grpo_watch = [e for e in heldout if e["task"] in recipe.grpo_tasks]
@@ -296,14 +309,20 @@ def main(argv=None, recipe=RECIPE):
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="training seeds; 0 is shipped")
     parser.add_argument("--workers", type=int, default=1, help="processes, one seed each at a time")
+    parser.add_argument("--small", action="store_true", help="the SMALL recipe: 150 instructions' pairs, 20 GRPO "
+                        "steps, 25 held-out instructions per task; about 5 minutes on a laptop (with --seeds 0)")
     args = parser.parse_args(argv)
     if 0 not in args.seeds:
         parser.error("--seeds must include 0: its adapters are the ones written")
+    if args.small:
+        if args.out.resolve() == HERE.resolve():
+            parser.error("--small writes a small run: give it an --out of its own, not the shipped folders")
+        recipe = SMALL
     started = time.perf_counter()
     command = "python course_lib/data/make_shakespeare_align.py" + "".join(f" {a}" for a in (argv or []))
     machine = (f"{cpu_name()}, {os.cpu_count()} cores, {args.workers} process(es) of {args.threads} torch "
                f"thread(s), torch {torch.__version__}, Python {platform.python_version()}")
-    heldout = instruction_sets(CHAT_RECIPE)[1]  # notebook 14's held-out 400
+    heldout = heldout_set(recipe)  # notebook 14's held-out 400
     with ProcessPoolExecutor(args.workers) as pool:
         jobs = [pool.submit(run_seed, seed, recipe, args.threads) for seed in args.seeds]
         torch.set_num_threads(args.threads)

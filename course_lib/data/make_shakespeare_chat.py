@@ -2,6 +2,7 @@
 
     python course_lib/data/make_shakespeare_chat.py --threads 1 --workers 3           # writes shakespeare_chat/
     python course_lib/data/make_shakespeare_chat.py --threads 1 --seeds 0 --out /tmp/c  # seed 0 alone, elsewhere
+    python course_lib/data/make_shakespeare_chat.py --small --seeds 0 --out /tmp/s     # about 5 minutes on a laptop
 
 The base model is course_lib/data/shakespeare_gpt (loaded, never changed). Its vocabulary grows by the chat tokens
 <|user|>, <|assistant|>, <|end|> (grow_vocabulary); LoRA adapters go on the six projections of every block; the
@@ -34,7 +35,7 @@ import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -70,6 +71,8 @@ class ChatRecipe:
 
 RECIPE = ChatRecipe()
 SEEDS = (0, 1, 2)
+SMALL = replace(RECIPE, heldout_per_task=25, train_config=replace(RECIPE.train_config, total_steps=400,
+                                                                   eval_every=100))  # --small: a laptop's 5 minutes
 SAMPLES = ("Upper case:\nWhat is the city but the people?", "Last word, in capitals:\nNay, these are almost "
            "thoroughly persuaded;", "How many words?\nO, I am fortune's fool!", "Speak as HAMLET.")
 SUBSET = 2  # the first SUBSET held-out instructions of each task: their replies go on the card, and tests redo them
@@ -267,9 +270,15 @@ def main(argv=None, recipe=RECIPE):
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="training seeds; 0 is shipped")
     parser.add_argument("--workers", type=int, default=1, help="processes, one seed each at a time")
+    parser.add_argument("--small", action="store_true", help="the SMALL recipe: 400 steps, 25 held-out instructions "
+                        "per task; the same direction in about 5 minutes on a laptop (with --seeds 0)")
     args = parser.parse_args(argv)
     if 0 not in args.seeds:
         parser.error("--seeds must include 0: its adapter is the one written")
+    if args.small:
+        if args.out.resolve() == (HERE / FOLDER).resolve():
+            parser.error("--small writes a small run: give it an --out of its own, not the shipped folder")
+        recipe = SMALL
     started = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
         jobs = [pool.submit(run_seed, seed, recipe, args.threads) for seed in args.seeds]
