@@ -584,14 +584,15 @@ INSTRUCTION_TASKS = {  # task -> (instruction, answer) from (a speaker, one line
 }
 
 # %% ../notebooks/14_finetuning.ipynb #make-instructions
-def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", max_line: int = 40) -> list[dict]:
+def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", max_line: int = 40,
+                      min_line: int = 12) -> list[dict]:
     """`per_task` instructions of each INSTRUCTION_TASKS task, drawn (seeded) from the speeches of `text`: dicts
     {"task", "instruction", "response"}. A line that occurs in `exclude` (e.g. the training text) is never used,
-    so held-out answers cannot be recalled. Lines are 12 to max_line characters, and each task's answer must not
+    so held-out answers cannot be recalled. Lines are min_line to max_line characters, and each task's answer must not
     stand in its instruction: last_word takes a line whose last word has a lower-case letter (its capitals are
     new), upper a line with one."""
-    door.make_instructions(text, per_task, seed, exclude, max_line)  # every task has per_task usable lines
-    pools, rng, instructions = _task_pools(text, exclude, max_line), random.Random(seed), []
+    door.make_instructions(text, per_task, seed, exclude, max_line, min_line)  # per_task usable lines per task
+    pools, rng, instructions = _task_pools(text, exclude, max_line, min_line), random.Random(seed), []
     for task, make in INSTRUCTION_TASKS.items():
         for who, line in rng.sample(pools[task], per_task):
             instruction, response = make(who, line)
@@ -599,10 +600,10 @@ def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", ma
     return instructions
 
 
-def _task_pools(text: str, exclude: str, max_line: int) -> dict[str, list[tuple[str, str]]]:
+def _task_pools(text: str, exclude: str, max_line: int, min_line: int = 12) -> dict[str, list[tuple[str, str]]]:
     """For each task, every (speaker, line) it can use."""
     pairs = [(who, line) for who, lines in speeches(text) for line in lines
-             if 12 <= len(line) <= max_line and line not in exclude]
+             if min_line <= len(line) <= max_line and line not in exclude]
     usable = {"upper": lambda line: line != line.upper(),
               "last_word": lambda line: last_word(line) != last_word(line).upper(),
               "count": lambda line: len(line_words(line)) < len(NUMBER_WORDS),

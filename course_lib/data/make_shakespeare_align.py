@@ -60,8 +60,11 @@ SEEDS = (0, 1, 2)
 @dataclass(frozen=True)
 class AlignRecipe:
     seed: int = 1234
-    dpo_tasks: tuple = ("count",)  # the chat model's sampled replies to it are right about half the time: pairs
-    grpo_tasks: tuple = ("upper",)  # pass@8 far above pass@1: something to sharpen
+    dpo_tasks: tuple = ("upper",)  # on long lines the chat model's sampled replies are sometimes right: pairs
+    grpo_tasks: tuple = ("count",)  # on long lines its pass@8 is more than twice its pass@1: something to sharpen
+    min_line: int = 41  # both stages train and are judged on lines longer than notebook 14's (12 to 40 characters)
+    max_line: int = 50  # the longest that leaves room in the context for a prompt and an upper-cased answer
+    long_per_task: int = 100  # held-out instructions on long lines, per trained task
     max_new_tokens: int = 64  # longest reply sampled (a right answer has at most 52 characters)
     # DPO
     dpo_per_task: int = 1000  # training instructions per task that pairs are sampled for
@@ -93,7 +96,7 @@ class AlignRecipe:
 
 RECIPE = AlignRecipe()
 SMALL = replace(RECIPE, dpo_per_task=150, dpo_epochs=1, grpo_per_task=100, grpo_steps=20, watch_every=5,
-                heldout_per_task=25)  # --small: the same direction in about 5 minutes on a laptop
+                heldout_per_task=25, long_per_task=25)  # --small: the same direction in about 5 minutes on a laptop
 
 
 def heldout_set(recipe):
@@ -105,10 +108,21 @@ def heldout_set(recipe):
             for e in [x for x in heldout if x["task"] == task][:recipe.heldout_per_task]]
 
 
-def training_instructions(tasks, per_task, seed):
-    """Instructions of `tasks` from the training part of the corpus (notebook 09's first 90%)."""
+def long_set(recipe):
+    """Held-out instructions of the trained tasks on long lines (min_line to max_line characters), from the
+    validation part, no line found in the training part: what both stages are judged on."""
     text = load_shakespeare()
-    return [e for e in make_instructions(text[:int(len(text) * 0.9)], per_task, seed) if e["task"] in tasks]
+    cut = int(len(text) * 0.9)
+    return [e for e in make_instructions(text[cut:], recipe.long_per_task, recipe.seed + 5, exclude=text[:cut],
+                                         max_line=recipe.max_line, min_line=recipe.min_line)
+            if e["task"] in (*recipe.dpo_tasks, *recipe.grpo_tasks)]
+
+
+def training_instructions(tasks, per_task, seed, recipe):
+    """Instructions of `tasks` on long lines from the training part of the corpus (notebook 09's first 90%)."""
+    text = load_shakespeare()
+    return [e for e in make_instructions(text[:int(len(text) * 0.9)], per_task, seed, max_line=recipe.max_line,
+                                         min_line=recipe.min_line) if e["task"] in tasks]
 
 
 def prompt_scores(model, tokenizer, heldout, recipe):
@@ -125,6 +139,8 @@ def summary(per_prompt, heldout):
     table = {}
     for task in [*INSTRUCTION_TASKS, "all"]:
         rows = [row for row, e in zip(per_prompt, heldout) if task in (e["task"], "all")]
+        if not rows:  # a set of some tasks only (the long lines)
+            continue
         table[task] = {name: round(sum(r[name] for r in rows) / len(rows), 4) for name in rows[0]}
         table[task]["reward_bootstrap"] = round(bootstrap_half_width(torch.tensor([r["reward"] for r in rows])), 4)
     return table
@@ -167,10 +183,10 @@ def samples_of(model, tokenizer, examples, recipe):
 def run_seed(seed, recipe, threads):
     """Both stages under training seed `seed`: histories, per-instruction scores and, for seed 0, what ships."""
     torch.set_num_threads(threads)
-    heldout = heldout_set(recipe)
+    heldout, long = heldout_set(recipe), long_set(recipe)
     chat, tokenizer = load_shakespeare_chat("cpu")
-    dpo_watch = [e for e in heldout if e["task"] in recipe.dpo_tasks]
-    grpo_watch = [e for e in heldout if e["task"] in recipe.grpo_tasks]
+    dpo_watch = [e for e in long if e["task"] in recipe.dpo_tasks]
+    grpo_watch = [e for e in long if e["task"] in recipe.grpo_tasks]
     shown = grpo_watch[:2] + dpo_watch[:2]
     result = {"seed": seed}
     if seed == 0:
@@ -180,7 +196,7 @@ def run_seed(seed, recipe, threads):
     torch.manual_seed(recipe.seed + seed)
     generator = torch.Generator().manual_seed(recipe.seed + seed)
     pairs = preference_pairs(chat, tokenizer, training_instructions(recipe.dpo_tasks, recipe.dpo_per_task,
-                                                                     recipe.seed + 2),
+                                                                     recipe.seed + 2, recipe),
                              recipe.dpo_samples, generator, recipe.max_new_tokens)
     watch_pairs = preference_pairs(chat, tokenizer, dpo_watch, recipe.heldout_pair_samples, generator,
                                    recipe.max_new_tokens)
@@ -192,7 +208,8 @@ def run_seed(seed, recipe, threads):
         recipe.dpo_batch_size, recipe.seed + seed, watch, recipe.watch_every)
     result["dpo_seconds"] = round(time.perf_counter() - started, 1)
     result["pairs"], result["heldout_pairs"] = len(pairs), len(watch_pairs)
-    result["after DPO"] = prompt_scores(policy, tokenizer, heldout, recipe)
+    result["after DPO"] = {"heldout": prompt_scores(policy, tokenizer, heldout, recipe),
+                           "long": prompt_scores(policy, tokenizer, long, recipe)}
     print(f"seed {seed} DPO: {len(pairs)} pairs, {result['dpo_seconds']:.0f} s", flush=True)
     if seed == 0:
         result["dpo_state"], result["pairs_list"] = lora_state_dict(policy), pairs
@@ -202,7 +219,7 @@ def run_seed(seed, recipe, threads):
     reference, policy = frozen_copy(policy), policy_copy(policy)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=recipe.grpo_lr,
                                   weight_decay=0.0)
-    prompts = training_instructions(recipe.grpo_tasks, recipe.grpo_per_task, recipe.seed + 3)
+    prompts = training_instructions(recipe.grpo_tasks, recipe.grpo_per_task, recipe.seed + 3, recipe)
     order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(recipe.seed + 4 + seed)).tolist()
     watch = watcher(policy, reference, tokenizer, grpo_watch, recipe)
     history, started = [{"step": 0, **watch()}], time.perf_counter()
@@ -219,7 +236,8 @@ def run_seed(seed, recipe, threads):
                   f"KL {history[-1]['kl']:.3f}", flush=True)
     result["grpo_history"] = history
     result["grpo_seconds"] = round(time.perf_counter() - started, 1)
-    result["after GRPO"] = prompt_scores(policy, tokenizer, heldout, recipe)
+    result["after GRPO"] = {"heldout": prompt_scores(policy, tokenizer, heldout, recipe),
+                            "long": prompt_scores(policy, tokenizer, long, recipe)}
     if seed == 0:
         result["grpo_state"] = lora_state_dict(policy)
         result["grpo_samples"] = samples_of(policy, tokenizer, shown, recipe)
@@ -231,12 +249,16 @@ def run_seed(seed, recipe, threads):
 
 
 def gates(chat_scores, runs, recipe):
-    """The fine-tuning issue's gates, from the numbers. DPO: on its tasks, the sampled reward after DPO minus the
+    """The fine-tuning issue's gates, from the numbers on the long-line held-out set (the scores' "long" entries).
+    DPO: on its tasks, the sampled reward after DPO minus the
     chat model's, at least 3 times the noise (the larger of the range over seeds and the widest bootstrap
     half-width). GRPO, per task: the start's (the DPO model's) pass@8 at least twice its pass@1; the mean of the
     last three watch points minus step 0, at least 3 times the noise (the larger of the range of that rise over
     seeds and the widest bootstrap half-width of the sampled reward after GRPO)."""
     found = {"dpo": {}, "grpo": {}}
+    chat_scores = chat_scores["long"]
+    runs = [{stage: run[stage]["long"] for stage in ("after DPO", "after GRPO")} | {"grpo_history": run["grpo_history"]}
+            for run in runs]
     for task in recipe.dpo_tasks:
         after = [run["after DPO"][task]["reward"] for run in runs]
         widest = max([chat_scores[task]["reward_bootstrap"]] +
@@ -266,12 +288,13 @@ def gates(chat_scores, runs, recipe):
 def render_card(card, stage):
     """README.md of one stage, written from its card.json."""
     rows = []
-    for name, by_seed in card["scores"].items():
-        for task in [*INSTRUCTION_TASKS, "all"]:
-            cells = [by_seed[s][task] for s in by_seed]
-            rows.append(f"| {name} | {task} | " + " | ".join(
-                " / ".join(f"{c[key]:.3f}" if key != "distinct" else f"{c[key]:.2f}" for c in cells)
-                for key in ("greedy", "reward", "pass_at_n", "distinct")) + " |")
+    for held, stages in card["scores"].items():
+        for name, by_seed in stages.items():
+            for task in [t for t in [*INSTRUCTION_TASKS, "all"] if t in next(iter(by_seed.values()))]:
+                cells = [by_seed[s][task] for s in by_seed]
+                rows.append(f"| {held} | {name} | {task} | " + " | ".join(
+                    " / ".join(f"{c[key]:.3f}" if key != "distinct" else f"{c[key]:.2f}" for c in cells)
+                    for key in ("greedy", "reward", "pass_at_n", "distinct")) + " |")
     what = ("DPO on preference pairs a program judged (pairs.json: seed 0's), against the chat model as reference"
             if stage == "dpo" else
             "GRPO with judge_reply as the reward, from the DPO model and against it as reference")
@@ -282,10 +305,11 @@ def render_card(card, stage):
              f"    {card['command']}", "", f"Recipe: `{json.dumps(card['recipe'])}`", "",
              f"Wall time {card['wall_seconds'] / 60:.1f} min; machine: {card['machine']}", "",
              "## Gate", "", f"`{json.dumps(gate)}`", "",
-             f"## Held-out scores (notebook 14's {card['heldout']} instructions; sampler seed "
-             f"{card['recipe']['score_seed']}; training seeds {' / '.join(map(str, card['seeds']))})", "",
-             f"| model | task | greedy exact match | mean reward of {n} samples | pass@{n} | distinct replies of {n} |",
-             "|---|---|---|---|---|---|", *rows, "",
+             f"## Held-out scores (heldout: notebook 14's {card['heldout']} instructions; long: "
+             f"{card['long']} on lines of {card['recipe']['min_line']} to {card['recipe']['max_line']} characters; "
+             f"sampler seed {card['recipe']['score_seed']}; training seeds {' / '.join(map(str, card['seeds']))})", "",
+             f"| set | model | task | greedy exact match | mean reward of {n} samples | pass@{n} | distinct replies "
+             f"of {n} |", "|---|---|---|---|---|---|---|", *rows, "",
              "## Files", "", "| file | sha256 |", "|---|---|",
              *[f"| `{name}` | `{digest}` |" for name, digest in card["sha256"].items()], ""]
     return "\n".join(lines)
@@ -322,26 +346,29 @@ def main(argv=None, recipe=RECIPE):
     command = "python course_lib/data/make_shakespeare_align.py" + "".join(f" {a}" for a in (argv or []))
     machine = (f"{cpu_name()}, {os.cpu_count()} cores, {args.workers} process(es) of {args.threads} torch "
                f"thread(s), torch {torch.__version__}, Python {platform.python_version()}")
-    heldout = heldout_set(recipe)  # notebook 14's held-out 400
+    sets = {"heldout": heldout_set(recipe), "long": long_set(recipe)}  # notebook 14's 400; the long lines
     with ProcessPoolExecutor(args.workers) as pool:
         jobs = [pool.submit(run_seed, seed, recipe, args.threads) for seed in args.seeds]
         torch.set_num_threads(args.threads)
         chat, tokenizer = load_shakespeare_chat("cpu")
-        chat_scores = summary(prompt_scores(chat, tokenizer, heldout, recipe), heldout)
-        print("chat", json.dumps(chat_scores["all"]), flush=True)
+        chat_scores = {held: summary(prompt_scores(chat, tokenizer, examples, recipe), examples)
+                       for held, examples in sets.items()}
+        print("chat", json.dumps(chat_scores["long"]["all"]), flush=True)
         runs = [job.result() for job in jobs]
     for run in runs:
         for stage in ("after DPO", "after GRPO"):
-            run[stage] = summary(run[stage], heldout)
+            run[stage] = {held: summary(run[stage][held], examples) for held, examples in sets.items()}
     first = runs[args.seeds.index(0)]
     found = gates(chat_scores, runs, recipe)
-    scores = {"chat (notebook 14)": {"all seeds": chat_scores},
-              **{stage: {str(run["seed"]): run[stage] for run in runs} for stage in ("after DPO", "after GRPO")}}
+    scores = {held: {"chat (notebook 14)": {"all seeds": chat_scores[held]},
+                     **{stage: {str(run["seed"]): run[stage][held] for run in runs}
+                        for stage in ("after DPO", "after GRPO")}} for held in sets}
     common = {"command": command, "recipe": asdict(recipe), "seeds": [run["seed"] for run in runs],
-              "heldout": len(heldout), "gates": found, "machine": machine}
+              "heldout": len(sets["heldout"]), "long": len(sets["long"]), "gates": found, "machine": machine}
     dpo_card = {**common, "stage": "dpo", "pairs": {str(run["seed"]): run["pairs"] for run in runs},
                 "heldout_pairs": {str(run["seed"]): run["heldout_pairs"] for run in runs},
-                "scores": {name: scores[name] for name in ("chat (notebook 14)", "after DPO")},
+                "scores": {held: {name: scores[held][name] for name in ("chat (notebook 14)", "after DPO")}
+                           for held in scores},
                 "history": {str(run["seed"]): run["dpo_history"] for run in runs},
                 "train_seconds": {str(run["seed"]): run["dpo_seconds"] for run in runs},
                 "samples": {"before": first["chat_samples"], "after": first["dpo_samples"]},

@@ -473,16 +473,17 @@ def speeches(text) -> None:
     require_type("text", text, str, "pass the corpus text, or a part of it")
 
 
-def make_instructions(text, per_task, seed, exclude, max_line) -> None:
-    """make_instructions: a text, a count, a seed, the text to exclude, a line length; and enough usable lines for
+def make_instructions(text, per_task, seed, exclude, max_line, min_line=12) -> None:
+    """make_instructions: a text, a count, a seed, the text to exclude, line lengths; and enough usable lines for
     every task."""
     from ..finetuning import _task_pools  # this lesson's own helper, as above
     require_type("text", text, str, "pass the corpus text, or a part of it")
     require_type("exclude", exclude, str, "pass the text whose lines may not be used, or ''")
     require_int("per_task", per_task, minimum=1)
     require_int("seed", seed)
-    require_int("max_line", max_line, minimum=12)
-    for task, pool in _task_pools(text, exclude, max_line).items():
+    require_int("min_line", min_line, minimum=1)
+    require_int("max_line", max_line, minimum=max(12, min_line))
+    for task, pool in _task_pools(text, exclude, max_line, min_line).items():
         if len(pool) < per_task:
             raise ValueError(f"text has {len(pool)} usable lines for task {task!r}, fewer than per_task={per_task}: "
                              "pass a longer text or ask for fewer")
