@@ -23,15 +23,16 @@ from course_lib.training import load_shakespeare
 SPEAK = "Speak as CORIOLANUS."  # the continue task: replies of many lengths, most of them closed by <|end|>
 PAIRS = [  # (instruction, response) exchanges of different lengths
     ("Upper case:\nGood morrow, father.", "GOOD MORROW, FATHER."),
-    ("Last word:\nIs it near day?", "day"),
-    ("Who speaks second?\nROMEO:\nGood morrow.\n\nJULIET:\nIs it near day?", "JULIET"),
+    ("Last word, in capitals:\nIs it near day?", "DAY"),
+    ("How many words?\nGood morrow, cousin.", "three"),
     ("Speak as HAMLET.", "HAMLET:\nTo be, or not to be."),
 ]
 DPO_PAIRS = [  # hand-made preference pairs: the exact answer beats a wrong one
     {"task": "upper", "instruction": "Upper case:\nGood morrow, father.", "chosen": "GOOD MORROW, FATHER.",
      "rejected": "Good morrow, father."},
-    {"task": "last_word", "instruction": "Last word:\nIs it near day?", "chosen": "day", "rejected": "near"},
-    {"task": "speaker", "instruction": "Who speaks second?\nROMEO:\nGood morrow.\n\nJULIET:\nIs it near day?",
+    {"task": "last_word", "instruction": "Last word, in capitals:\nIs it near day?", "chosen": "DAY",
+     "rejected": "day"},
+    {"task": "count", "instruction": "How many words?\nGood morrow, cousin.",
      "chosen": "JULIET", "rejected": "ROMEO"},
     {"task": "continue", "instruction": "Speak as HAMLET.", "chosen": "HAMLET:\nTo be, or not to be.",
      "rejected": "To be, or not to be."},
@@ -240,7 +241,7 @@ def test_the_response_batch_door_names_the_argument(chat):
 # ------------------------------------------------------------------------------------------------ preference pairs
 def test_preference_pairs_from_the_chat_model_are_judged_right_and_wrong(chat, heldout):
     model, tokenizer = chat
-    examples = [e for e in heldout if e["task"] in ("speaker", "continue")]
+    examples = [e for e in heldout if e["task"] in ("upper", "count", "continue")]
     pairs = preference_pairs(model, tokenizer, examples, 4, seeded(0), 48)
     assert 1 <= len(pairs) <= len(examples), "these instructions are sometimes answered right, sometimes not"
     by_instruction = {e["instruction"]: e for e in examples}
@@ -259,23 +260,23 @@ def test_preference_pairs_pick_the_first_right_and_first_wrong_reply(chat, monke
     model, tokenizer = chat
 
     def ask(task, name):
-        if task == "speaker":
-            return {"task": "speaker", "instruction": f"Who speaks second?\nROMEO:\nHo!\n\n{name}:\nHa!",
+        if task == "last_word":
+            return {"task": "last_word", "instruction": f"Last word, in capitals:\nHo, {name.title()}!",
                     "response": name}
         return {"task": "continue", "instruction": f"Speak as {name}.", "response": f"{name}:\nHa!"}
 
     cases = [  # (example, the replies sampled for it, the pair wanted or None)
-        (ask("speaker", "JULIET"), ["JULIET", "JULIET", "JULIET"], None),  # always right: no pair
-        (ask("speaker", "NURSE"), ["ROMEO", "nurse", "NURSE!"], None),  # never right: no pair
-        (ask("speaker", "TYBALT"), ["ROMEO", "TYBALT", "NURSE", "TYBALT "], ("TYBALT", "ROMEO")),
+        (ask("last_word", "JULIET"), ["JULIET", "JULIET", "JULIET"], None),  # always right: no pair
+        (ask("last_word", "NURSE"), ["ROMEO", "nurse", "NURSE!"], None),  # never right: no pair
+        (ask("last_word", "TYBALT"), ["ROMEO", "TYBALT", "NURSE", "TYBALT "], ("TYBALT", "ROMEO")),
         (ask("continue", "HAMLET"), ["x", "HAMLET:\nA.", "y", "HAMLET:\nB."], ("HAMLET:\nA.", "x")),
         # a reply holding a chat token cannot be a turn: left out, even where judge_reply would call it right
         (ask("continue", "LEAR"), ["<|assistant|>LEAR", "LEAR:\nNo<|user|>thing", "LEAR:\nNothing.", "no"],
          ("LEAR:\nNothing.", "no")),
-        (ask("speaker", "KENT"), ["KENT", "ROMEO<|end|>", "<|user|>"], None),  # the only wrong ones are left out
+        (ask("last_word", "KENT"), ["KENT", "ROMEO<|end|>", "<|user|>"], None),  # the only wrong ones are left out
         # a reply cut off before its <|end|> (marked "CUT:") is no answer: left out, right or wrong
-        (ask("speaker", "OSRIC"), ["CUT:OSRIC", "ROMEO", "OSRIC"], ("OSRIC", "ROMEO")),
-        (ask("speaker", "EDGAR"), ["EDGAR", "CUT:ROMEO"], None),
+        (ask("last_word", "OSRIC"), ["CUT:OSRIC", "ROMEO", "OSRIC"], ("OSRIC", "ROMEO")),
+        (ask("last_word", "EDGAR"), ["EDGAR", "CUT:ROMEO"], None),
     ]
     replies = {example["instruction"]: sampled for example, sampled, _ in cases}
     calls = []
@@ -567,7 +568,7 @@ def test_a_grpo_step_without_signal_leaves_the_policy_exactly_as_it_was(chat, he
     assert result["reward"] == 0.0 and result["no_signal"] == 1.0 and result["loss"] == 0.0
     generator = seeded(0)  # the same samples again: the policy has not moved
     distinct = [len(set(sample_group(model, tokenizer, e["instruction"], 3, generator, 12)[2])) for e in heldout[:2]]
-    assert min(distinct) < 3, "speaker instructions: some replies repeat, so distinct is not just group_size"
+    assert min(distinct) < 3, "upper instructions: some replies repeat, so distinct is not just group_size"
     assert result["distinct"] == sum(distinct) / 2, "distinct: different replies per group, averaged over groups"
 
 
@@ -611,18 +612,18 @@ def test_a_grpo_step_with_signal_moves_the_policy_and_not_the_reference(chat, he
 def test_score_policy_is_judge_reply_of_the_greedy_and_the_sampled_replies(chat, heldout):
     model, tokenizer = chat
     scores = score_policy(model, tokenizer, heldout, 3, seeded(4), 48)
-    assert set(scores) == {"speaker", "upper", "last_word", "continue", "all"}
-    assert all(set(row) == {"greedy", "reward", "distinct"} for row in scores.values())
+    assert set(scores) == {"upper", "last_word", "count", "continue", "all"}
+    assert all(set(row) == {"greedy", "reward", "pass_at_n", "distinct"} for row in scores.values())
     assert 0 < scores["all"]["greedy"] < 1, "a set with right and wrong greedy replies"
     generator, want = seeded(4), {}  # the same calls in the same order: the same samples
     for example in heldout:
         replies = sample_group(model, tokenizer, example["instruction"], 3, generator, 48)[2]
         greedy = float(judge_reply(example, chat_reply(model, tokenizer, example["instruction"], 48)))
         for task in (example["task"], "all"):
-            reward = sum(judge_reply(example, reply) for reply in replies) / 3
-            want.setdefault(task, []).append((greedy, reward, len(set(replies))))
+            right = [judge_reply(example, reply) for reply in replies]
+            want.setdefault(task, []).append((greedy, sum(right) / 3, float(any(right)), len(set(replies))))
     for task, rows in want.items():
-        for k, name in enumerate(("greedy", "reward", "distinct")):
+        for k, name in enumerate(("greedy", "reward", "pass_at_n", "distinct")):
             assert scores[task][name] == pytest.approx(sum(r[k] for r in rows) / len(rows), abs=1e-4), (task, name)
 
 
@@ -630,7 +631,7 @@ def test_the_training_functions_refuse_what_they_cannot_use_before_any_work(chat
     """Doors found in review: each names the argument, and grpo_step refuses before it samples anything."""
     model, tokenizer = chat
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    example = {"task": "speaker", "instruction": "Who speaks second?", "response": "ROMEO"}
+    example = {"task": "count", "instruction": "How many words?\nHo, Romeo!", "response": "two"}
     with pytest.raises(TypeError, match="beta is 0.04, so the KL penalty needs the reference model"):
         grpo_step(model, None, tokenizer, [example], optimizer, beta=0.04)
     with pytest.raises(TypeError, match="examples must be a non-empty list"):

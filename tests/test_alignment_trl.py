@@ -26,8 +26,8 @@ transformers = pytest.importorskip("transformers")
 
 TRIPLES = [  # (instruction, chosen, rejected): exact answers beat wrong ones, of other lengths
     ("Upper case:\nGood morrow.", "GOOD MORROW.", "Good morrow."),
-    ("Last word:\nIs it near day?", "day", "near"),
-    ("Who speaks second?\nROMEO:\nHo!\n\nJULIET:\nHa!", "JULIET", "ROMEO, sir"),
+    ("Last word, in capitals:\nIs it near day?", "DAY", "NEAR"),
+    ("How many words?\nHo, Romeo!", "two", "three, sir"),
 ]
 PROMPTS = ["Upper case:\nhie", "Upper case:\nyou"]  # GRPO: prompts of equal length, so that nothing is left-padded
 

@@ -29,11 +29,11 @@ TOK = ChatTokenizer(CHARS)
 CFG = GPTConfig(vocab_size=TOK.vocab_size, context_length=48, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0,
                 qkv_bias=False)
 EXAMPLES = [
-    {"task": "speaker", "instruction": "Who speaks second?\nAB:\nHo!\n\nCD:\nHa!", "response": "CD"},
+    {"task": "last_word", "instruction": "Last word, in capitals:\nHo, Cd!", "response": "CD"},
     {"task": "continue", "instruction": "Speak as AB.", "response": "AB:\nHo!"},
 ]
 PAIRS = [{**EXAMPLES[0], "chosen": "CD", "rejected": "AB"}, {**EXAMPLES[1], "chosen": "AB:\nHo!", "rejected": "Ho"}]
-EXCHANGES = [("Last word:\nIs it day?", "day"), ("Upper case:\nhi", "HI")]
+EXCHANGES = [("Last word, in capitals:\nIs it day?", "DAY"), ("Upper case:\nhi", "HI")]
 
 
 def model(lora: bool = True) -> GPTModel:
@@ -380,7 +380,7 @@ CASES = [
      and set(r[2].tolist()) <= {0.0, 1.0} and len(r[3]) == 2),
     ("rollout examples empty", lambda: rollout(model(), TOK, [], 3), "error", TypeError, "examples"),
     ("rollout examples dict", lambda: rollout(model(), TOK, EXAMPLES[0], 3), "error", TypeError, "examples"),
-    ("rollout no response", lambda: rollout(model(), TOK, [{"task": "speaker", "instruction": "Hi"}], 3), "error",
+    ("rollout no response", lambda: rollout(model(), TOK, [{"task": "upper", "instruction": "Hi"}], 3), "error",
      TypeError, "examples[0]"),
     ("rollout task unknown", lambda: rollout(model(), TOK, [{**EXAMPLES[0], "task": "poem"}], 3), "error",
      TypeError, "examples[0]"),
@@ -412,8 +412,8 @@ CASES = [
     ("grpo step policy tuple", lambda: grpo_step_refused(policy=(model(), TOK)), "error", TypeError, "policy"),
     # score_policy
     ("score ok", lambda: score_policy(model(), TOK, EXAMPLES, 2, gen(), 6), "result",
-     lambda r: set(r) == {"speaker", "continue", "all"} and all(set(v) == {"greedy", "reward", "distinct"}
-                                                                 for v in r.values())),
+     lambda r: set(r) == {"last_word", "continue", "all"}
+     and all(set(v) == {"greedy", "reward", "pass_at_n", "distinct"} for v in r.values())),
     ("score samples 0", lambda: score_policy(model(), TOK, EXAMPLES, 0), "error", ValueError, "samples"),
     ("score examples empty", lambda: score_policy(model(), TOK, []), "error", TypeError, "examples"),
     ("score examples dict", lambda: score_policy(model(), TOK, EXAMPLES[0]), "error", TypeError, "examples"),
