@@ -33,7 +33,7 @@ DPO_PAIRS = [  # hand-made preference pairs: the exact answer beats a wrong one
     {"task": "last_word", "instruction": "Last word, in capitals:\nIs it near day?", "chosen": "DAY",
      "rejected": "day"},
     {"task": "count", "instruction": "How many words?\nGood morrow, cousin.",
-     "chosen": "JULIET", "rejected": "ROMEO"},
+     "chosen": "three", "rejected": "four"},
     {"task": "continue", "instruction": "Speak as HAMLET.", "chosen": "HAMLET:\nTo be, or not to be.",
      "rejected": "To be, or not to be."},
 ]
@@ -643,7 +643,7 @@ def test_the_training_functions_refuse_what_they_cannot_use_before_any_work(chat
     one = torch.zeros(1)
     with pytest.raises(ValueError, match=r"beta must be in \(0, inf\)"):
         dpo_loss(one, one, one, one, math.inf)
-    pairs = [{**example, "chosen": "ROMEO", "rejected": "JULIET"}]
+    pairs = [{**example, "chosen": "two", "rejected": "three"}]
     with pytest.raises(TypeError, match="with watch_every >= 1"):
         train_dpo(model, model, tokenizer, pairs, 0.1, 1e-3, 1, watch=dict, watch_every=0)
     with pytest.raises(ValueError, match="beta must be in"):

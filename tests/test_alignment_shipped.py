@@ -65,6 +65,14 @@ def test_the_gates_on_the_cards_are_the_arithmetic_of_their_numbers(cards):
                 for stage in ("after DPO", "after GRPO")}, "grpo_history": card["history"][str(seed)]}
             for seed in card["seeds"]]
     assert script.gates(chat, runs, script.RECIPE) == card["gates"] == cards["dpo"]["gates"]
+    task = script.RECIPE.dpo_tasks[0]  # and one gate by hand: the rise over the chat model, against three noises
+    gate, after = card["gates"]["dpo"][task], [card["scores"]["long"]["after DPO"][str(s)][task] for s in card["seeds"]]
+    before = card["scores"]["long"]["chat (notebook 14)"]["all seeds"][task]
+    rise = sum(a["reward"] for a in after) / len(after) - before["reward"]
+    spread = max(a["reward"] for a in after) - min(a["reward"] for a in after)
+    noise = max(spread, before["reward_bootstrap"], *[a["reward_bootstrap"] for a in after])
+    assert gate["rise"] == pytest.approx(rise, abs=1e-4) and gate["noise"] == pytest.approx(noise, abs=1e-4)
+    assert gate["passed"] == (rise > 0 and rise >= 3 * noise)
 
 
 def test_every_shipped_pair_is_judged_as_its_label_says(cards):
@@ -95,7 +103,7 @@ def test_load_aligned_names_the_stages():
         load_aligned("ppo")
 
 
-def test_a_short_run_of_the_script_writes_both_stages_and_rebuilds_bit_for_bit(tmp_path, monkeypatch):
+def test_a_short_run_of_the_script_writes_both_stages_and_rebuilds_bit_for_bit(tmp_path):
     """The script with a few DPO and 2 GRPO steps on the count task, 4 held-out instructions and 4 on long lines,
     twice: the same files, the same bytes."""
     script = load_script()

@@ -149,7 +149,7 @@ def train_refused(make=bag, **overrides):
 CHARS = CharTokenizer(string.ascii_letters + " :\n.,!'")
 CHAT = ChatTokenizer(CHARS)
 CHAT_CFG = replace(CFG, vocab_size=CHAT.vocab_size, context_length=32)
-PAIRS = [("abc", "ABC"), ("Last word:\nda bag.", "bag")]
+PAIRS = [("abc", "ABC"), ("Last word, in capitals:\nda bag.", "BAG")]
 TEXT = "ABE:\nA bad cafe, sir!\n\nCAD:\nFade the bead now.\nFace the cab.\n\nABE:\nBe a cab, dear Cad.\n\n"
 
 

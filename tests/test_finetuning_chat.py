@@ -15,14 +15,14 @@ from course_lib.config import GPTConfig
 from course_lib.finetuning import (CHAT_TOKENS, IGNORE_INDEX, INSTRUCTION_TASKS, NUMBER_WORDS, SHAKESPEARE_CHAT_DIR,
                                    ChatTokenizer, apply_lora, chat_batch, chat_loop, chat_loss, chat_reply,
                                    chat_state_dict, copyable, format_chat, generate_replies, grow_vocabulary,
-                                   judge_reply, load_shakespeare_chat, make_instructions, prompt_spans,
+                                   judge_reply, line_words, load_shakespeare_chat, make_instructions, prompt_spans,
                                    train_new_rows)
 from course_lib.model import GPTModel
 from course_lib.pretrained import load_shakespeare_gpt, save_gpt2
 from course_lib.training import TrainConfig, load_shakespeare
 
-PAIRS = [("Upper case:\nGood morrow, father.", "GOOD MORROW, FATHER."), ("Last word:\nIs it near day?", "day"),
-         ("Who speaks second?\nROMEO:\nGood morrow.\n\nJULIET:\nIs it near day?", "JULIET"),
+PAIRS = [("Upper case:\nGood morrow, father.", "GOOD MORROW, FATHER."),
+         ("Last word, in capitals:\nIs it near day?", "DAY"), ("How many words?\nGood morrow, cousin.", "three"),
          ("Speak as HAMLET.", "HAMLET:\nTo be, or not to be.")]
 
 
@@ -213,12 +213,14 @@ def test_held_out_instructions_come_from_unseen_text_and_are_checkable():
         assert line not in text[:split] and line in text[split:]
         assert judge_reply(e, e["response"])
         assert e["task"] == "continue" or not judge_reply(e, e["response"] + "!"), "exact match, not a prefix"
-        assert not copyable(e), "no answer stands in its instruction"
+        line_said = line_words(e["instruction"].split("\n")[-1])
+        # upper and last_word ask for capitals their line lacks; a count can stand in its line ("two tribunes:")
+        assert copyable(e) == (e["task"] == "count" and e["response"] in line_said), e
     assert make_instructions(text[split:], 20, 7, exclude=text[:split]) == heldout, "seeded"
     upper = next(e for e in heldout if e["task"] == "upper")
     assert upper["response"] == upper["instruction"].removeprefix("Upper case:\n").upper()
-    count = next(e for e in heldout if e["task"] == "count")
-    assert NUMBER_WORDS.index(count["response"]) == len(count["instruction"].split("\n")[1].split())
+    for count in [e for e in heldout if e["task"] == "count"]:
+        assert NUMBER_WORDS.index(count["response"]) == len(line_words(count["instruction"].split("\n")[1]))
     speak = next(e for e in heldout if e["task"] == "continue")
     who = speak["response"].split(":")[0]
     assert judge_reply(speak, f"{who}:\nAnything at all.") and not judge_reply(speak, "Anything at all.")
@@ -258,6 +260,8 @@ def test_the_shipped_files_match_their_card_and_stay_small(card):
     for task in INSTRUCTION_TASKS:  # the gate: no copying, at least 60% after fine-tuning
         runs = [run["exact_match"][task] for run in card["seeds"]]
         assert base["copy"][task] <= 0.2 and noise[task]["mean"] == pytest.approx(sum(runs) / len(runs))
+        assert noise[task]["mean"] >= 0.6, task
+        assert min(runs) > max(base[name][task] for name in base), f"{task}: every seed beats every baseline"
         assert noise[task]["noise"] == max(max(runs) - min(runs), max(r["bootstrap"][task] for r in card["seeds"]))
     assert [run["seed"] for run in card["seeds"]] == [0, 1, 2]
     right = [judge_reply(e, r) for e, r in zip(heldout, card["fine_tuned_replies"], strict=True)]
@@ -285,7 +289,6 @@ def test_a_short_run_of_the_script_rebuilds_bit_for_bit(tmp_path, monkeypatch):
         tiny = replace(script.RECIPE, train_per_task=4, heldout_per_task=2,
                        train_config=TrainConfig(total_steps=2, batch_size=2, max_lr=1e-3, min_lr=1e-4, warmup_steps=1,
                                                 weight_decay=0.0, eval_every=1, eval_batches=1))
-        monkeypatch.setattr(script, "RECIPE", tiny)
         monkeypatch.setattr(script, "SAMPLES", script.SAMPLES[:1])
         monkeypatch.setattr(script, "plain_reply", lambda *args, **kwargs: "")  # the base model's replies are slow
         monkeypatch.setattr(script, "validation_ids",  # and so is the whole validation part: its last 2,000 characters

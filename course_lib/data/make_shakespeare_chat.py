@@ -205,7 +205,7 @@ def baselines(recipe):
     grown = grow_vocabulary(base, len(CHAT_TOKENS))
     chat = [chat_reply(grown, ChatTokenizer(char_tokenizer), e["instruction"]) for e in heldout]
     return {"exact_match": {"copy": by_task(heldout, [copyable(e) for e in heldout]),
-                            "most_common": by_task(heldout, [e["response"] == common[e["task"]] for e in heldout]),
+                            "most_common": by_task(heldout, [judge_reply(e, common[e["task"]]) for e in heldout]),
                             "base_plain": by_task(heldout, [judge_reply(e, r) for e, r in zip(heldout, plain)]),
                             "grown_chat": by_task(heldout, [judge_reply(e, r) for e, r in zip(heldout, chat)])},
             "most_common_answer": common, "replies": {"base_plain": plain, "grown_chat": chat},
@@ -247,8 +247,8 @@ def render_card(card):
         (f"| training | {tcfg['total_steps']:,} AdamW steps of {tcfg['batch_size']} instructions, learning rate "
          f"{tcfg['max_lr']:g} (warmup {tcfg['warmup_steps']}) cosine to {tcfg['min_lr']:g}; training seeds "
          f"{', '.join(str(run['seed']) for run in seeds)} |"),
-        f"| wall time | {' / '.join(str(round(run['train_seconds'] / 60, 1)) for run in seeds)} min of training "
-        f"steps per seed, {card['wall_seconds'] / 60:.1f} min in all |",
+        f"| wall time | {' / '.join(str(round(run['train_seconds'] / 60, 1)) for run in seeds)} min per seed for the "
+        f"training steps and the held-out loss curve, {card['wall_seconds'] / 60:.1f} min in all (see machine) |",
         f"| machine | {card['machine']} |", "",
         "## Held-out exact match (continue: the speaker's heading and one line)", "",
         "Noise: the larger of the range over the seeds and the widest 95% bootstrap half-width.", "",
