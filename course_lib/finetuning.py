@@ -8,7 +8,7 @@ __all__ = ['PLAYS_FILE', 'WORD', 'MOVABLE', 'CHAT_TOKENS', 'IGNORE_INDEX', 'NUMB
            'fit_logistic', 'ClassifierGPT', 'last_states', 'shuffle_words', 'speeches', 'order_lines', 'order_passages',
            'grow_vocabulary', 'train_new_rows', 'ChatTokenizer', 'format_chat', 'chat_batch', 'chat_loss', 'line_words',
            'last_word', 'make_instructions', 'judge_reply', 'prompt_spans', 'copyable', 'generate_replies',
-           'chat_reply', 'chat_state_dict', 'load_shakespeare_chat', 'chat_loop']
+           'chat_reply', 'chat_state_dict', 'load_shakespeare_chat', 'text_loss', 'chat_loop']
 
 # %% ../notebooks/14_finetuning.ipynb #lora-imports
 import math
@@ -451,7 +451,7 @@ from dataclasses import replace
 
 from safetensors.torch import load_file
 
-from .generation import generate
+from .generation import eval_mode, generate
 from .model import GPTModel
 from .pretrained import load_shakespeare_gpt
 from .tokenization import DATA_DIR, CharTokenizer
@@ -588,9 +588,8 @@ def make_instructions(text: str, per_task: int, seed: int, exclude: str = "", ma
                       min_line: int = 12) -> list[dict]:
     """`per_task` instructions of each INSTRUCTION_TASKS task, drawn (seeded) from the speeches of `text`: dicts
     {"task", "instruction", "response"}. A line that occurs in `exclude` (e.g. the training text) is never used,
-    so held-out answers cannot be recalled. Lines are min_line to max_line characters, and each task's answer must not
-    stand in its instruction: last_word takes a line whose last word has a lower-case letter (its capitals are
-    new), upper a line with one."""
+    so held-out answers cannot be recalled. Lines are min_line to max_line characters; upper takes a line with a
+    lower-case letter and last_word one whose last word has one, so that their capitals are not in the prompt."""
     door.make_instructions(text, per_task, seed, exclude, max_line, min_line)  # per_task usable lines per task
     pools, rng, instructions = _task_pools(text, exclude, max_line, min_line), random.Random(seed), []
     for task, make in INSTRUCTION_TASKS.items():
@@ -698,6 +697,21 @@ def load_shakespeare_chat(device: str | torch.device | None = None) -> tuple[GPT
         model.embedding.tok_emb.weight[first_new:] = rows[0]
         model.out_head.weight[first_new:] = rows[1]
     return model.eval(), ChatTokenizer(char_tokenizer)
+
+# %% ../notebooks/14_finetuning.ipynb #chat-cost
+@torch.no_grad()
+def text_loss(model: GPTModel, token_ids: Tensor, batch_size: int = 64) -> float:
+    """The mean next-token loss of `model` on plain text, token_ids (tokens,), read in windows of its context
+    length that do not overlap (a tail shorter than a window is left out), without dropout."""
+    door.text_loss(model, token_ids, batch_size)  # 1-D ids of the model's vocabulary, at least one window
+    width = model.cfg.context_length
+    usable = (len(token_ids) - 1) // width * width
+    inputs = token_ids[:usable].view(-1, width)  # (windows, width)
+    targets = token_ids[1:usable + 1].view(-1, width)  # (windows, width): each position's next token
+    with eval_mode(model):
+        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum")
+                  for x, y in zip(inputs.split(batch_size), targets.split(batch_size))]
+    return (sum(losses) / targets.numel()).item()
 
 # %% ../notebooks/14_finetuning.ipynb #chat-loop
 def chat_loop(model: GPTModel, tokenizer: ChatTokenizer, read=input, write=print, **sampling) -> list[tuple[str, str]]:

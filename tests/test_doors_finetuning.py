@@ -23,8 +23,8 @@ from course_lib.finetuning import (
     fit_logistic, generate_replies, grow_vocabulary, judge_reply, last_states, last_word, line_words,
     load_lora_state_dict,
     load_shakespeare_chat, lora_layers, lora_state_dict, make_instructions, merge_lora, order_lines, order_passages,
-    play_passages, play_speeches, prompt_spans, shuffle_words, speeches, stratified_split, train_classifier,
-    train_new_rows,
+    play_passages, play_speeches, prompt_spans, shuffle_words, speeches, stratified_split, text_loss,
+    train_classifier, train_new_rows,
     unmerge_lora, word_frequencies,
 )
 from course_lib.model import GPTModel
@@ -149,7 +149,7 @@ def train_refused(make=bag, **overrides):
 CHARS = CharTokenizer(string.ascii_letters + " :\n.,!'")
 CHAT = ChatTokenizer(CHARS)
 CHAT_CFG = replace(CFG, vocab_size=CHAT.vocab_size, context_length=32)
-PAIRS = [("abc", "ABC"), ("Last word, in capitals:\nda bag.", "BAG")]
+PAIRS = [("abc", "ABC"), ("Caps:\nda bag.", "DA BAG.")]
 TEXT = "ABE:\nA bad cafe, sir!\n\nCAD:\nFade the bead now.\nFace the cab.\n\nABE:\nBe a cab, dear Cad.\n\n"
 
 
@@ -582,7 +582,7 @@ CASES = [
     ("format response int", lambda: format_chat("Hi", 5), "error", TypeError, "response must be a str"),
     # chat_batch, chat_loss
     ("batch ok", batch, "result",
-     lambda r: r[0].shape == r[1].shape and (r[1] != IGNORE_INDEX).sum() == len("ABC") + len("bag") + 2),
+     lambda r: r[0].shape == r[1].shape and (r[1] != IGNORE_INDEX).sum() == len("ABC") + len("DA BAG.") + 2),
     ("batch empty", lambda: chat_batch(CHAT, [], 32), "error", TypeError, "examples must be a non-empty list"),
     ("batch str", lambda: chat_batch(CHAT, "ab", 32), "error", TypeError, "examples must be a non-empty list"),
     ("batch flat pair", lambda: chat_batch(CHAT, ["ab"], 32), "error", TypeError,
@@ -637,6 +637,23 @@ CASES = [
     ("copyable no instruction", lambda: copyable({"task": "upper", "response": "AB"}), "error", ValueError,
      "example must have an 'instruction'"),
     ("copyable list", lambda: copyable([EXAMPLE]), "error", TypeError, "example must be a dict"),
+    ("copyable no response", lambda: copyable({"task": "upper", "instruction": "Upper case:\nab"}), "error",
+     ValueError, "example must have a 'task'"),
+    # text_loss
+    ("text loss ok", lambda: text_loss(chat_model(), torch.arange(70) % 20), "result",
+     lambda r: isinstance(r, float) and math.isfinite(r) and r > 0),
+    ("text loss one window", lambda: text_loss(chat_model(), torch.arange(32) % 20), "error", ValueError,
+     "no window of the context length (32)"),
+    ("text loss 2-D", lambda: text_loss(chat_model(), (torch.arange(70) % 20).view(2, 35)), "error", ValueError,
+     "token_ids must be 1-D"),
+    ("text loss list", lambda: text_loss(chat_model(), list(range(70))), "error", TypeError,
+     "token_ids must be a torch.Tensor"),
+    ("text loss id too big", lambda: text_loss(chat_model(), torch.arange(70) + 100), "error", ValueError,
+     "token_ids holds token id"),
+    ("text loss batch 0", lambda: text_loss(chat_model(), torch.arange(70) % 20, 0), "error", ValueError,
+     "batch_size must be >= 1"),
+    ("text loss model str", lambda: text_loss("gpt", torch.arange(70) % 20), "error", TypeError,
+     "model must be a GPTModel"),
     ("instructions ok", lambda: make_instructions(TEXT * 3, 1, 0), "result",
      lambda r: [e["task"] for e in r] == ["upper", "last_word", "count", "continue"]),
     ("instructions same seed", lambda: (make_instructions(TEXT * 3, 1, 5), make_instructions(TEXT * 3, 1, 5)), "result",

@@ -39,14 +39,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from course_lib.data.make_classifier_results import bootstrap_half_width
 from course_lib.data.make_shakespeare_gpt import cpu_name, sha256  # the shipped model's card helpers
 from course_lib.finetuning import (CHAT_TOKENS, INSTRUCTION_TASKS, ChatTokenizer, apply_lora, chat_batch, chat_loss,
                                    chat_reply, chat_state_dict, copyable, grow_vocabulary, judge_reply,
-                                   make_instructions, train_new_rows)
+                                   make_instructions, text_loss, train_new_rows)
 from course_lib.generation import generate
 from course_lib.pretrained import SHAKESPEARE_GPT_DIR, load_shakespeare_gpt
 from course_lib.training import TrainConfig, load_shakespeare, lr_at
@@ -116,19 +115,6 @@ def heldout_loss(model, tokenizer, heldout, batch_size=100):
     return total / count
 
 
-@torch.no_grad()
-def shakespeare_loss(model, token_ids, batch_size=64):
-    """Mean next-token loss on plain text (no chat token), in windows of the context length that do not overlap."""
-    model.eval()
-    width = model.cfg.context_length
-    windows = token_ids[:(len(token_ids) - 1) // width * width + 1]
-    inputs = windows[:-1].view(-1, width)  # (windows, width)
-    targets = windows[1:].view(-1, width)
-    losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum")
-              for x, y in zip(inputs.split(batch_size), targets.split(batch_size))]
-    return (sum(losses) / targets.numel()).item()
-
-
 def validation_ids(char_tokenizer):
     text = load_shakespeare()
     return torch.tensor(char_tokenizer.encode(text[int(len(text) * 0.9):]))
@@ -184,7 +170,7 @@ def run_seed(seed, recipe, threads):
     bootstrap = {task: bootstrap_half_width(torch.tensor([float(ok) for e, ok in zip(heldout, right)
                                                           if e["task"] == task])) for task in INSTRUCTION_TASKS}
     result = {"seed": seed, "exact_match": by_task(heldout, right), "bootstrap": bootstrap, "history": history,
-              "shakespeare_val_loss": shakespeare_loss(model, validation_ids(char_tokenizer)),
+              "shakespeare_val_loss": text_loss(model, validation_ids(char_tokenizer)),
               "train_seconds": round(seconds, 1)}
     if seed == 0:
         result["replies"] = replies
@@ -209,7 +195,7 @@ def baselines(recipe):
                             "base_plain": by_task(heldout, [judge_reply(e, r) for e, r in zip(heldout, plain)]),
                             "grown_chat": by_task(heldout, [judge_reply(e, r) for e, r in zip(heldout, chat)])},
             "most_common_answer": common, "replies": {"base_plain": plain, "grown_chat": chat},
-            "shakespeare_val_loss": shakespeare_loss(base, validation_ids(char_tokenizer))}
+            "shakespeare_val_loss": text_loss(base, validation_ids(char_tokenizer))}
 
 
 def noise(runs):

@@ -494,10 +494,21 @@ def prompt_spans(instruction) -> None:
 
 
 def copyable(example) -> None:
-    """copyable: one instruction of make_instructions, with its instruction text (judge_reply checks the rest)."""
+    """copyable: one instruction of make_instructions, with its instruction text, a known task and a response."""
     require_type("example", example, dict, "pass one dict that make_instructions returned")
     if not isinstance(example.get("instruction"), str):
         raise ValueError(f"example must have an 'instruction' (a str), got {sorted(example)}")
+    judge_reply(example, "")  # the task and the response, as judge_reply needs them
+
+
+def text_loss(model, token_ids, batch_size) -> None:
+    """text_loss: a GPTModel, 1-D token ids of its vocabulary holding at least one window, a batch size."""
+    require_type("model", model, GPTModel, "pass the model to measure, e.g. load_shakespeare_gpt()[0]")
+    require_token_tensor("token_ids", token_ids, 1, model.cfg.vocab_size)
+    if len(token_ids) <= model.cfg.context_length:
+        raise ValueError(f"token_ids holds {len(token_ids)} tokens, no window of the context length "
+                         f"({model.cfg.context_length}) and its next token: pass a longer text")
+    require_int("batch_size", batch_size, minimum=1)
 
 
 def judge_reply(example, reply) -> None:
