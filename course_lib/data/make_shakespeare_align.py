@@ -19,7 +19,8 @@ Both stages run once per training seed (--seeds; seed s offsets the seeds of the
 and GRPO's sampler and order by s), each seed in its own process of --threads torch threads. While a stage trains,
 it is watched every watch_every steps on every held-out instruction of its task(s): the mean reward of
 watch_samples sampled replies and the KL to its reference. After each stage, score_policy on all held-out
-instructions with one sampler seed (score_seed, the same random numbers for every model): greedy exact match, the
+instructions with one sampler stream seeded score_seed for every model (the instructions take their draws in turn,
+so from the second on a model's earlier replies decide which draws an instruction gets): greedy exact match, the
 mean reward of score_samples sampled replies (pass@1), pass@score_samples, and distinct replies. Noise: the larger
 of the range over the training seeds and the widest 95% bootstrap half-width over the held-out instructions.
 The gates of the fine-tuning issue are computed here and written on the cards.
@@ -86,11 +87,11 @@ class AlignRecipe:
     grpo_kl_correction: bool = True  # TRL 1.16's default: the k3 term weighted by the ratio
     # watching and scoring
     watch_every: int = 15  # steps between held-out checks during training
-    watch_samples: int = 4  # replies per held-out instruction of the stage's tasks (the same random numbers each time)
+    watch_samples: int = 4  # replies per held-out instruction of the stage's tasks (a stream seeded the same each time)
     kl_samples: int = 2  # replies per instruction for the KL estimate
     heldout_pair_samples: int = 8  # replies per held-out instruction of DPO's tasks, for the held-out pairs
     score_samples: int = 8  # replies per held-out instruction for the sampled reward and pass@8
-    score_seed: int = 99  # the sampler seed of every score: the same random numbers for every model
+    score_seed: int = 99  # the seed of the sampler stream of every score, the same for every model
     heldout_per_task: int | None = None  # the first n held-out instructions of each task; None: all of them
 
 
@@ -148,8 +149,8 @@ def summary(per_prompt, heldout):
 
 def watcher(policy, reference, tokenizer, watch_set, recipe, watch_pairs=None, beta=None):
     """What training is watched by: the held-out sampled reward on every held-out instruction of the stage's tasks
-    (RL's quantity) and the KL to the reference, with the same random numbers at every watch; with held-out pairs
-    (DPO), their preference accuracy, margin, and the mean log-ratios of the chosen and of the rejected replies."""
+    (RL's quantity) and the KL to the reference, from a sampler stream seeded the same at every watch; with held-out
+    pairs (DPO), their preference accuracy, margin, and the mean log-ratios of the chosen and the rejected replies."""
     if watch_pairs:
         with torch.no_grad():
             ref_chosen, ref_rejected = pair_logprobs(reference, tokenizer, watch_pairs, policy.cfg.context_length)
