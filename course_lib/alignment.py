@@ -197,7 +197,7 @@ ALIGNED_DIRS = {"dpo": DATA_DIR / "shakespeare_dpo", "grpo": DATA_DIR / "shakesp
 
 
 def load_aligned(stage: str, device: str | torch.device | None = None) -> tuple[GPTModel, ChatTokenizer]:
-    """Notebook 14's chat model with the adapter that DPO trained (stage "dpo") or that GRPO then trained ("grpo"),
+    """Notebook 14's chat model with the adapter that DPO trained (stage "dpo") or that GRPO trained ("grpo"),
     in eval mode, and its ChatTokenizer. adapter.safetensors holds only LoRA matrices: nothing else changed."""
     door.load_aligned(stage)
     model, tokenizer = load_shakespeare_chat(device)

@@ -1,6 +1,7 @@
 """Notebook 15's shipped adapters (course_lib/data/shakespeare_dpo/ and shakespeare_grpo/): the files match their
 cards, stay the size of an adapter, were made by the script's current recipe, load into notebook 14's chat model
-changing only its LoRA matrices, give the greedy replies their cards record, and the script runs end to end."""
+changing only its LoRA matrices, give the sampled (and, for GRPO, greedy) replies their cards record, and the
+script runs end to end."""
 
 import hashlib
 import importlib
@@ -54,7 +55,11 @@ def test_the_cards_start_from_notebook_14s_measured_model(cards):
         for task, expected in chat_card["seeds"][0]["exact_match"].items():  # the shipped adapter is seed 0's
             assert measured[task]["greedy"] == pytest.approx(expected), task
     for held in ("heldout", "long"):
-        assert cards["grpo"]["scores"][held]["after DPO"] == cards["dpo"]["scores"][held]["after DPO"], "from DPO"
+        assert cards["grpo"]["scores"][held]["after DPO"] == cards["dpo"]["scores"][held]["after DPO"], \
+            "the GRPO card repeats DPO's scores"
+    for seed in cards["grpo"]["seeds"]:  # GRPO starts from the chat model too: its first watch is DPO's first watch
+        dpo_start, grpo_start = cards["dpo"]["history"][str(seed)][0], cards["grpo"]["history"][str(seed)][0]
+        assert grpo_start["kl"] == 0 and grpo_start["heldout_reward"] == dpo_start["heldout_reward"], seed
 
 
 def test_the_gates_on_the_cards_are_the_arithmetic_of_their_numbers(cards):
@@ -88,13 +93,19 @@ def test_every_shipped_pair_is_judged_as_its_label_says(cards):
 
 @pytest.mark.parametrize("stage", sorted(ALIGNED_DIRS))
 def test_a_shipped_adapter_changes_only_the_lora_matrices_and_gives_its_cards_replies(cards, heldout, stage):
+    """The adapter's sampled replies (the card's samples after the stage, same sampler seed) come back; the GRPO
+    card also records greedy replies to held-out instructions."""
     torch.set_num_threads(1)
+    script = load_script()
     chat, _ = load_shakespeare_chat("cpu")
     model, tokenizer = load_aligned(stage)
     changed = {name for (name, a), (_, b) in zip(chat.state_dict().items(), model.state_dict().items())
                if not torch.equal(a, b)}
     assert changed and all(".lora_" in name for name in changed), sorted(changed)[:5]
-    for entry in cards[stage]["heldout_replies"]:
+    by_instruction = {e["instruction"]: e for e in script.long_set(script.RECIPE)}
+    shown = [by_instruction[s["instruction"]] for s in cards[stage]["samples"]["after"]]
+    assert script.samples_of(model, tokenizer, shown, script.RECIPE) == cards[stage]["samples"]["after"]
+    for entry in cards[stage].get("heldout_replies", []):
         assert chat_reply(model, tokenizer, heldout[entry["index"]]["instruction"], 64) == entry["reply"]
 
 
