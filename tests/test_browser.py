@@ -301,8 +301,9 @@ def test_jupyterlab_runs_a_lesson_and_draws_its_figures(browser, jupyterlab):
         assert errors.count() == 0, f"{LESSON.name}: a cell shows an error:\n{errors.first.text_content()[-2000:]}"
         prompts = [t.strip() for t in page.locator(".jp-CodeCell .jp-InputPrompt").all_text_contents() if t.strip()]
         assert len(prompts) == n_code and all(re.fullmatch(r"\[[0-9]+\]:", t) for t in prompts), prompts
-        # every figure the lesson draws was drawn again here, as a PNG image in the notebook
-        images = page.locator(".jp-Notebook .jp-OutputArea-output img")
+        # every figure the lesson draws was drawn again here, as a PNG image in the notebook; a worked answer's
+        # folded output may be in the page too, not shown (display: none): only the images shown count
+        images = page.locator(".jp-Notebook .jp-OutputArea-output img:visible")
         assert images.count() == n_figures
         source, natural, drawn = figure_shown(page, images.first)
         assert source == "data:image/png;base64," and natural > 500 and drawn > 500
